@@ -1,0 +1,107 @@
+"""Meshes, logical-axis rules, parameters born sharded, and device-side resharding.
+
+A mesh is described by per-axis sizes (ici within a slice, dcn across slices); one -1 per
+list absorbs whatever devices are left. Models name their axes logically ('embed', 'mlp',
+'activation_batch', ...); the rules below map those names onto mesh axes, and configs may
+override them.
+"""
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical name -> mesh axis (or tuple of axes, or None = replicated).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("q_heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+    ("norm", None),
+    ("cache_batch", ("data", "fsdp")),
+    ("cache_length", None),
+    ("cache_kv_heads", "tensor"),
+)
+
+
+def _fill(sizes: Sequence[int], total: int, what: str) -> list[int]:
+  sizes = list(sizes)
+  if sizes.count(-1) > 1:
+    raise ValueError(f"{what}: at most one -1 allowed, got {sizes}")
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if total % known:
+      raise ValueError(f"{what}: {total} devices do not divide by the fixed sizes {sizes}")
+    sizes[sizes.index(-1)] = total // known
+  if int(np.prod(sizes)) != total:
+    raise ValueError(f"{what}: sizes {sizes} multiply to {int(np.prod(sizes))}, but there are {total} devices")
+  return sizes
+
+
+def make_mesh(ici: Sequence[int] = (1, -1, 1), dcn: Sequence[int] = (1, 1, 1),
+              axis_names: Sequence[str] = MESH_AXES, devices: Optional[Sequence[Any]] = None) -> Mesh:
+  """Mesh over `devices` (default: all). ici sizes within a slice, dcn sizes across slices."""
+  devices = list(devices if devices is not None else jax.devices())
+  num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+  dcn = _fill(dcn, num_slices, "dcn parallelism")
+  ici = _fill(ici, len(devices) // num_slices, "ici parallelism")
+  if num_slices > 1:
+    from jax.experimental import mesh_utils
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+  else:
+    grid = np.asarray(devices).reshape(ici)
+  return Mesh(grid, tuple(axis_names))
+
+
+def mesh_from_config(cfg: Mapping[str, Any], devices=None) -> Mesh:
+  """cfg: a ConfigDict/dict with `ici` and optionally `dcn` (lists in MESH_AXES order)."""
+  return make_mesh(tuple(cfg["ici"]), tuple(cfg.get("dcn", (1, 1, 1))), devices=devices)
+
+
+def rules_from_config(overrides: Optional[Mapping[str, Any]] = None) -> tuple[tuple[str, Any], ...]:
+  """DEFAULT_RULES with per-name overrides (e.g. {'embed': None} to turn FSDP off)."""
+  rules = dict(DEFAULT_RULES)
+  for name, axes in (overrides or {}).items():
+    rules[name] = tuple(axes) if isinstance(axes, list) else axes
+  return tuple(rules.items())
+
+
+def logical_to_sharding(logical_specs, mesh: Mesh, rules) -> Any:
+  """Pytree of logical PartitionSpecs -> pytree of NamedShardings on `mesh`."""
+  mesh_specs = nn.logical_to_mesh(logical_specs, rules)
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), mesh_specs,
+                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def init_sharded(init_fn: Callable[[], Any], mesh: Mesh, rules) -> tuple[Any, Any]:
+  """Run `init_fn` (returning boxed params) so every array is created in its final sharding.
+
+  Returns (unboxed params, their shardings); nothing is ever assembled on one device.
+  """
+  abstract = jax.eval_shape(init_fn)
+  shardings = logical_to_sharding(nn.get_partition_spec(abstract), mesh, rules)
+  with mesh, nn.logical_axis_rules(rules):
+    params = jax.jit(lambda: nn.unbox(init_fn()), out_shardings=shardings)()
+  return params, shardings
+
+
+def reshard(tree, shardings, donate: bool = False):
+  """Device-to-device copy of `tree` into `shardings` (possibly another mesh); never via host."""
+  return jax.device_put(tree, shardings, donate=donate)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())

@@ -1,0 +1,12 @@
+"""Test set-up: 8 fake CPU devices, set before JAX initialises its backends."""
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
