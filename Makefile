@@ -1,0 +1,26 @@
+# Two commands do everything on a fresh machine: `make demo` (the main job) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch 2.13.0 CPU (tests only) first, so nothing pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) runs

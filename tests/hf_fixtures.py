@@ -1,0 +1,29 @@
+"""Tiny random Hugging Face Qwen checkpoints written with `transformers`, for parity tests."""
+import torch
+import transformers
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6)
+
+
+def make_hf_model(family: str = "qwen3", tie: bool = False, seed: int = 0, **overrides):
+  """A random HF Qwen model whose weights are perturbed away from the init (norms != 1, biases != 0)."""
+  kw = dict(TINY, tie_word_embeddings=tie, **overrides)
+  if family == "qwen3":
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=kw["hidden_size"] // kw["num_attention_heads"], **kw))
+  elif family == "qwen2":
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
+  else:
+    raise ValueError(family)
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn(p.shape, generator=gen))
+  return model.eval()
+
+
+def make_hf_checkpoint(path, family: str = "qwen3", tie: bool = False, seed: int = 0, **overrides):
+  """Write a tiny checkpoint directory (config.json + safetensors) and return the torch model."""
+  model = make_hf_model(family, tie, seed, **overrides)
+  model.save_pretrained(str(path))
+  return model
