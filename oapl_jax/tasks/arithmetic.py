@@ -1,0 +1,120 @@
+"""Synthetic verifiable arithmetic, the CPU default task: "37+58=" -> "95<eos>".
+
+Operands are uniform in [0, 10**num_digits). Which split an operand triple belongs to is
+fixed by a hash of the triple (not by the seed), so train and held-out never overlap; the
+seed only picks which problems of a split are drawn.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import operator
+from typing import Sequence
+
+import numpy as np
+
+from oapl_jax.tasks import base
+from oapl_jax.tasks import rewards
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+CHARS = "0123456789+-*= "
+OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+SPLITS = ("train", "held_out")
+
+
+class CharTokenizer:
+  """<pad>=0, <bos>=1, <eos>=2, then one id per character; padded to 32 ids."""
+  vocab_size = 32
+  pad_id, bos_id, eos_id = 0, 1, 2
+
+  def __init__(self):
+    self._id_of = {c: i + 3 for i, c in enumerate(CHARS)}
+    self._text_of = {0: PAD, 1: BOS, 2: EOS, **{i: c for c, i in self._id_of.items()}}
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self._id_of[c] for c in text]
+    except KeyError as e:
+      raise ValueError(f"character {e.args[0]!r} is not in the arithmetic vocabulary "
+                       f"{CHARS!r}") from None
+
+  def decode(self, ids: Sequence[int]) -> str:
+    # Special tokens stay visible so the reward can tell a finished answer from a cut one.
+    return "".join(self._text_of.get(int(i), "<unk>") for i in ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTExample:
+  prompt_tokens: tuple[int, ...]
+  completion_tokens: tuple[int, ...]  # gold answer then eos
+
+
+def is_held_out(a: int, op: str, b: int, held_out_fraction: float) -> bool:
+  digest = hashlib.blake2b(f"{a}{op}{b}".encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little") < held_out_fraction * 2**64
+
+
+def max_completion_len(num_digits: int, operations: Sequence[str]) -> int:
+  """Longest gold completion in tokens, eos included."""
+  hi = 10**num_digits - 1
+  longest = max(len(str(OPERATIONS[op](x, y))) for op in operations
+                for x, y in ((hi, hi), (0, hi)))
+  return longest + 1
+
+
+def make_problems(num: int, split: str = "train", *, seed: int = 0, num_digits: int = 2,
+                  operations: Sequence[str] = ("+",), held_out_fraction: float = 0.1,
+                  tokenizer: CharTokenizer | None = None) -> list[base.Problem]:
+  """`num` distinct problems of `split`, deterministic given the arguments."""
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  unknown = set(operations) - set(OPERATIONS)
+  if unknown or not operations:
+    raise ValueError(f"operations must be a non-empty subset of {list(OPERATIONS)}, "
+                     f"got {list(operations)}")
+  tokenizer = tokenizer or CharTokenizer()
+  rng = np.random.default_rng([seed, SPLITS.index(split)])
+  want_held_out = split == "held_out"
+  seen, problems, draws = set(), [], 0
+  while len(problems) < num:
+    draws += 1
+    if draws > 100 * num + 10_000:
+      raise ValueError(f"could not draw {num} distinct {split} problems with "
+                       f"num_digits={num_digits}, held_out_fraction={held_out_fraction}")
+    op = operations[int(rng.integers(len(operations)))]
+    a, b = (int(x) for x in rng.integers(10**num_digits, size=2))
+    if (a, op, b) in seen or is_held_out(a, op, b, held_out_fraction) != want_held_out:
+      continue
+    seen.add((a, op, b))
+    prompt = f"{a}{op}{b}="
+    problems.append(base.Problem(
+        prompt=prompt, answer=str(OPERATIONS[op](a, b)),
+        prompt_tokens=(tokenizer.bos_id, *tokenizer.encode(prompt))))
+  return problems
+
+
+def sft_examples(problems: Sequence[base.Problem],
+                 tokenizer: CharTokenizer | None = None) -> list[SFTExample]:
+  """Prompt tokens and gold completion tokens (answer + eos) for a supervised warm start."""
+  tokenizer = tokenizer or CharTokenizer()
+  return [SFTExample(p.prompt_tokens, (*tokenizer.encode(p.answer), tokenizer.eos_id))
+          for p in problems]
+
+
+def score(completion: str, answer: str) -> float:
+  """1.0 iff the completion is exactly the answer followed by eos."""
+  head, eos, _ = completion.partition(EOS)
+  return float(bool(eos) and head == answer)
+
+
+def make_task(num_train: int = 2048, num_held_out: int = 256, *, seed: int = 0,
+              num_digits: int = 2, operations: Sequence[str] = ("+",),
+              held_out_fraction: float = 0.1) -> base.Task:
+  tokenizer = CharTokenizer()
+  kw = dict(seed=seed, num_digits=num_digits, operations=tuple(operations),
+            held_out_fraction=held_out_fraction, tokenizer=tokenizer)
+  return base.Task(
+      name="arithmetic", tokenizer=tokenizer,
+      train=make_problems(num_train, "train", **kw),
+      held_out=make_problems(num_held_out, "held_out", **kw),
+      reward_fn=rewards.make_reward("arithmetic"))

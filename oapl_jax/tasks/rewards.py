@@ -1,0 +1,213 @@
+"""Reward functions, all with one signature: (completions, answers) -> RewardResult.
+
+None of them may crash the caller: `Guarded` turns any exception into reward 0 with a failure
+count, `ItemReward` does the same per item, and `MathReward` runs math_verify in worker
+processes with a per-item timeout. `make_reward(name)` builds a guarded one from `REWARDS`.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+from concurrent.futures.process import BrokenProcessPool
+import functools
+import logging
+import multiprocessing
+import time
+from typing import Callable
+
+import numpy as np
+
+from oapl_jax.tasks import base
+
+log = logging.getLogger(__name__)
+RewardResult = base.RewardResult
+ScoreFn = Callable[[str, str], float]  # (completion, answer) -> reward
+
+
+def last_boxed(text: str) -> str | None:
+  """Content of the last \\boxed{...} (braces balanced), or None."""
+  start = text.rfind("\\boxed{")
+  if start < 0:
+    return None
+  depth, begin = 0, start + len("\\boxed")
+  for j in range(begin, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[j], 0)
+    if depth == 0:
+      return text[begin + 1:j]
+  return None
+
+
+def _unbox(text: str) -> str:
+  boxed = last_boxed(text)
+  return (text if boxed is None else boxed).strip()
+
+
+def exact_match_score(completion: str, answer: str) -> float:
+  """1.0 iff the (boxed, if any) answers agree after stripping whitespace."""
+  return float(_unbox(completion) == _unbox(answer))
+
+
+def exact_match_reward(completions: list[str], answers: list[str]) -> np.ndarray:
+  return np.array([exact_match_score(c, a) for c, a in zip(completions, answers, strict=True)],
+                  np.float32)
+
+
+class ItemReward:
+  """Batches a per-item score; an item whose score raises gets 0 and counts as failed."""
+
+  def __init__(self, score_fn: ScoreFn):
+    self.score_fn = score_fn
+
+  def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
+    rewards = np.zeros(len(completions), np.float32)
+    failed = 0
+    for i, (c, a) in enumerate(zip(completions, answers, strict=True)):
+      try:
+        rewards[i] = self.score_fn(c, a)
+      except Exception:  # pylint: disable=broad-except
+        log.warning("reward %r failed on item %d", self.score_fn, i, exc_info=True)
+        failed += 1
+    return RewardResult(rewards, num_failed=failed)
+
+
+class Guarded:
+  """Never raises on a reward function's behalf: errors and non-finite rewards become 0."""
+
+  def __init__(self, fn: Callable[[list[str], list[str]], RewardResult | np.ndarray]):
+    self.fn = fn
+
+  def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
+    completions, answers = list(completions), list(answers)
+    n = len(completions)
+    if len(answers) != n:  # the caller's bug, not the reward's: fail loudly
+      raise ValueError(f"{n} completions but {len(answers)} answers")
+    try:
+      out = self.fn(completions, answers)
+      result = out if isinstance(out, RewardResult) else RewardResult(out)
+      rewards = np.asarray(result.rewards, np.float32)
+      if rewards.shape != (n,):
+        raise ValueError(f"reward shape {rewards.shape}, expected ({n},)")
+    except Exception:  # pylint: disable=broad-except
+      log.exception("reward %r failed on a batch of %d; scoring it 0", self.fn, n)
+      return RewardResult(np.zeros(n, np.float32), num_failed=n)
+    bad = ~np.isfinite(rewards)
+    return RewardResult(np.where(bad, np.float32(0), rewards),
+                        num_failed=result.num_failed + int(bad.sum()),
+                        num_timeout=result.num_timeout)
+
+  def close(self) -> None:
+    close = getattr(self.fn, "close", None)  # plain functions hold nothing to release
+    if close is not None:
+      close()
+
+
+def _ready(verify_fn: ScoreFn) -> None:
+  """Run once per fresh worker: unpickling verify_fn imports its module there."""
+  del verify_fn
+
+
+class MathReward:
+  """math_verify equivalence in worker processes, one item per task, `timeout_s` each.
+
+  math_verify times itself out with SIGALRM, which works only in a process's main thread,
+  so it runs in a ProcessPoolExecutor (spawned workers), never in threads. An item that
+  raises scores 0 (num_failed); one that runs past timeout_s scores 0 (num_timeout) and the
+  pool is killed and restarted, re-running the items that were in flight beside it.
+  `verify_fn(completion, answer) -> float` must be picklable (module level).
+  """
+
+  def __init__(self, num_workers: int = 2, timeout_s: float = 5.0,
+               verify_fn: ScoreFn | None = None, mp_context: str = "spawn",
+               startup_timeout_s: float = 120.0):
+    if verify_fn is None:
+      from oapl_jax.tasks import math_verifier  # pylint: disable=import-outside-toplevel
+      # math_verify's own (soft) timeouts: three calls, all inside our hard one.
+      verify_fn = functools.partial(math_verifier.score, timeout_s=max(1, int(timeout_s / 3)))
+    self.verify_fn = verify_fn
+    self.num_workers = num_workers
+    self.timeout_s = timeout_s
+    self.mp_context = mp_context
+    self.startup_timeout_s = startup_timeout_s
+    self._pool: cf.ProcessPoolExecutor | None = None
+
+  def _start(self) -> cf.ProcessPoolExecutor:
+    pool = cf.ProcessPoolExecutor(self.num_workers,
+                                  mp_context=multiprocessing.get_context(self.mp_context))
+    # Workers spawn on submit; start all now so start-up is not billed to item timeouts.
+    for f in [pool.submit(_ready, self.verify_fn) for _ in range(self.num_workers)]:
+      f.result(timeout=self.startup_timeout_s)
+    return pool
+
+  def close(self) -> None:
+    """Kills the workers (a hung one never returns by itself)."""
+    pool, self._pool = self._pool, None
+    if pool is None:
+      return
+    procs = list(pool._processes.values())  # pylint: disable=protected-access
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+      p.kill()
+    for p in procs:
+      p.join()
+
+  def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
+    try:
+      return self._score(completions, answers)
+    except BaseException:
+      self.close()  # leave no broken pool behind for the next call
+      raise
+
+  def _score(self, completions: list[str], answers: list[str]) -> RewardResult:
+    rewards = np.zeros(len(completions), np.float32)
+    failed = timeouts = 0
+    todo = collections.deque(range(len(completions)))
+    running: dict[cf.Future, tuple[int, float]] = {}  # future -> (item, deadline)
+    while todo or running:
+      if self._pool is None:
+        self._pool = self._start()
+      while todo and len(running) < self.num_workers:  # at most one item per worker
+        i = todo.popleft()
+        f = self._pool.submit(self.verify_fn, completions[i], answers[i])
+        running[f] = (i, time.monotonic() + self.timeout_s)
+      next_deadline = min(d for _, d in running.values())
+      done, _ = cf.wait(running, timeout=max(0.0, next_deadline - time.monotonic()),
+                        return_when=cf.FIRST_COMPLETED)
+      broken = False
+      for f in done:
+        i, _ = running.pop(f)
+        try:
+          rewards[i] = float(f.result())
+        except Exception as e:  # pylint: disable=broad-except
+          log.warning("math reward failed on item %d: %r", i, e)
+          failed += 1
+          broken |= isinstance(e, BrokenProcessPool)
+      now = time.monotonic()
+      expired = [f for f, (_, d) in running.items() if d <= now]
+      for f in expired:
+        log.warning("math reward timed out on item %d after %.1fs", running.pop(f)[0],
+                    self.timeout_s)
+      timeouts += len(expired)
+      if expired or broken:  # kill the pool; the items beside the bad one run again
+        todo.extendleft(i for i, _ in running.values())
+        running.clear()
+        self.close()
+    return RewardResult(rewards, num_failed=failed, num_timeout=timeouts)
+
+
+def _arithmetic_reward() -> ItemReward:
+  from oapl_jax.tasks import arithmetic  # pylint: disable=import-outside-toplevel  (it imports us)
+  return ItemReward(arithmetic.score)
+
+
+REWARDS: dict[str, Callable[..., Callable]] = {
+    "exact_match": lambda: ItemReward(exact_match_score),
+    "math_verify": MathReward,
+    "arithmetic": _arithmetic_reward,
+}
+
+
+def make_reward(name: str, **kwargs) -> Guarded:
+  """A guarded reward by name; kwargs go to its constructor (e.g. MathReward's)."""
+  if name not in REWARDS:
+    raise ValueError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
+  return Guarded(REWARDS[name](**kwargs))

@@ -1,0 +1,287 @@
+"""Tests for oapl_jax.objectives. References are hand values, separate numpy formulas or properties."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from oapl_jax import objectives as obj
+
+
+def _np_v_star(r_BxG, beta1):
+  """float64 reference: beta1 * log(mean(exp(r / beta1))), shifted by the max."""
+  r_BxG = np.asarray(r_BxG, np.float64)
+  m = r_BxG.max(-1)
+  return m + beta1 * np.log(np.mean(np.exp((r_BxG - m[:, None]) / beta1), -1))
+
+
+def _np_oapl(policy_BxG, sampler_BxG, r_BxG, beta1, beta2):
+  adv = np.asarray(r_BxG, np.float64) - _np_v_star(r_BxG, beta1)[:, None]
+  residual = beta2 * (np.asarray(policy_BxG, np.float64) - sampler_BxG) - adv
+  return np.mean(residual**2), residual
+
+
+# ----------------------------------------------------------------------------- v_star
+
+def test_v_star_hand_values():
+  r = jnp.array([[0.0, 1.0], [0.0, 1.0], [3.0, 3.0]])
+  np.testing.assert_allclose(obj.v_star(r[:1], 1.0), [math.log((1 + math.e) / 2)], rtol=1e-6)
+  np.testing.assert_allclose(obj.v_star(r[1:2], 2.0), [2 * math.log((1 + math.exp(0.5)) / 2)],
+                             rtol=1e-6)
+  # All-equal rewards: V* equals that reward exactly, whatever beta1.
+  for beta1 in (1e-6, 1.0, 1e6):
+    assert float(obj.v_star(r[2:], beta1)[0]) == 3.0
+
+
+def test_v_star_limits():
+  r = jnp.array([[0.0, 1.0, 0.25, -2.0], [5.0, -5.0, 0.5, 0.5]])
+  np.testing.assert_allclose(obj.v_star(r, 1e-6), [1.0, 5.0], atol=1e-5)
+  np.testing.assert_allclose(obj.v_star(r, 1e6), [-0.1875, 0.25], rtol=1e-5, atol=1e-5)
+  # Bounded by mean and max for every beta1 (a property of the log-mean-exp).
+  for beta1 in (1e-3, 0.1, 1.0, 10.0, 1e3):
+    v = np.asarray(obj.v_star(r, beta1))
+    assert np.all(v <= np.asarray(r).max(-1) + 1e-6)
+    assert np.all(v >= np.asarray(r).mean(-1) - 1e-6)
+
+
+def test_v_star_large_rewards_no_overflow():
+  r = jnp.array([[1e4, 0.0], [1e4, 1e4], [-1e4, -1e4 + 1.0]])
+  v = np.asarray(obj.v_star(r, 1.0))
+  assert np.all(np.isfinite(v))
+  # 1e4 + log((1 + e^-1e4) / 2) = 1e4 - log 2 ; fp32 spacing at 1e4 is ~1e-3.
+  np.testing.assert_allclose(v, [1e4 - math.log(2), 1e4, -1e4 + 1 + math.log((1 + math.exp(-1)) / 2)],
+                             atol=2e-3)
+
+
+def test_v_star_matches_numpy_and_jits():
+  r = np.random.RandomState(0).randn(16, 8).astype(np.float32) * 3
+  f = jax.jit(obj.v_star)  # beta1 traced
+  for beta1 in (1e-3, 0.1, 1.0, 100.0, 1e4, 1e6):
+    v = f(jnp.asarray(r), beta1)
+    assert v.dtype == jnp.float32 and v.shape == (16,)
+    np.testing.assert_allclose(v, _np_v_star(r, beta1), rtol=1e-5, atol=2e-6)
+
+
+def test_v_star_rejects_bad_input():
+  with pytest.raises(ValueError, match="beta1"):
+    obj.v_star(jnp.zeros((2, 3)), 0.0)
+  with pytest.raises(ValueError, match=r"\[B, G\]"):
+    obj.v_star(jnp.zeros((2, 3, 4)), 1.0)
+
+
+# ----------------------------------------------------------------------------- sequence_logprob
+
+def test_sequence_logprob_masked_sum_and_mean():
+  logp = jnp.array([[[-1.0, -2.0, -jnp.inf], [-0.5, jnp.nan, -4.0], [-3.0, -3.0, -3.0]]])
+  mask = jnp.array([[[1, 1, 0], [1, 0, 1], [0, 0, 0]]], jnp.float32)
+  np.testing.assert_allclose(obj.sequence_logprob(logp, mask), [[-3.0, -4.5, 0.0]])
+  np.testing.assert_allclose(obj.sequence_logprob(logp, mask.astype(bool), length_normalize=True),
+                             [[-1.5, -2.25, 0.0]])
+  with pytest.raises(ValueError, match="mask"):
+    obj.sequence_logprob(logp, mask[..., :2])
+
+
+# ----------------------------------------------------------------------------- oapl_loss
+
+def _random_oapl_inputs(seed, b=3, g=5):
+  rng = np.random.RandomState(seed)
+  policy = rng.randn(b, g).astype(np.float32) * 5 - 20
+  sampler = policy + rng.randn(b, g).astype(np.float32)
+  rewards = rng.binomial(1, 0.5, (b, g)).astype(np.float32)
+  rewards[0] = 1.0  # one group with all-equal rewards
+  return policy, sampler, rewards
+
+
+def test_oapl_loss_matches_numpy_and_gradient():
+  policy, sampler, rewards = _random_oapl_inputs(1)
+  beta1, beta2 = 0.7, 0.05
+  expected, residual = _np_oapl(policy, sampler, rewards, beta1, beta2)
+  loss_fn = jax.jit(lambda p: obj.oapl_loss(p, sampler, rewards, beta1=beta1, beta2=beta2))
+  (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(policy))
+  np.testing.assert_allclose(loss, expected, rtol=1e-5)
+  np.testing.assert_allclose(grad, 2 * beta2 * residual / residual.size, rtol=1e-4, atol=1e-7)
+  adv = rewards - _np_v_star(rewards, beta1)[:, None]
+  np.testing.assert_allclose(metrics["residual_mean"], residual.mean(), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(metrics["advantage_abs_max"], np.abs(adv).max(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["log_ratio_mean"], np.mean(policy - sampler), rtol=1e-4)
+  np.testing.assert_allclose(metrics["frac_groups_all_equal_reward"],
+                             np.mean([len(set(row)) == 1 for row in rewards]))
+  np.testing.assert_allclose(metrics["reward_mean"], rewards.mean(), rtol=1e-6)
+
+
+def test_oapl_loss_fixed_point_zero_loss_and_grad():
+  policy, sampler, rewards = _random_oapl_inputs(2)
+  beta1 = beta2 = 0.5
+  adv = rewards - _np_v_star(rewards, beta1)[:, None]
+  policy_star = (sampler + adv / beta2).astype(np.float32)  # beta2 * log(pi / pi_s) = A*
+  loss_fn = lambda p: obj.oapl_loss(p, sampler, rewards, beta1=beta1, beta2=beta2)[0]  # noqa: E731
+  loss, grad = jax.value_and_grad(loss_fn)(jnp.asarray(policy_star))
+  assert float(loss) < 1e-6
+  np.testing.assert_allclose(grad, 0.0, atol=1e-6)
+
+
+def test_oapl_loss_shape_errors():
+  with pytest.raises(ValueError, match="rewards_BxG"):
+    obj.oapl_loss(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.zeros((2, 4)), beta1=1.0, beta2=1.0)
+  with pytest.raises(ValueError, match="sampler_logp_BxG"):
+    obj.oapl_loss(jnp.zeros((2, 3)), jnp.zeros((3, 2)), jnp.zeros((2, 3)), beta1=1.0, beta2=1.0)
+
+
+def test_oapl_learns_optimal_policy_on_bandit():
+  """K answers, uniform sampler, each group holds every answer once: pi -> softmax(r / beta)."""
+  rewards_K = np.array([1.0, 0.5, 0.0, -0.3, 0.8], np.float32)
+  k, beta = rewards_K.size, 0.5
+  rewards_BxG = jnp.asarray(np.tile(rewards_K, (2, 1)))
+  sampler_BxG = jnp.full((2, k), -math.log(k))
+  opt = optax.adam(0.05)
+
+  def loss_fn(theta_K):
+    logp_BxG = jnp.broadcast_to(jax.nn.log_softmax(theta_K), (2, k))
+    return obj.oapl_loss(logp_BxG, sampler_BxG, rewards_BxG, beta1=beta, beta2=beta)[0]
+
+  def step(carry, _):
+    theta, opt_state = carry
+    grad = jax.grad(loss_fn)(theta)
+    updates, opt_state = opt.update(grad, opt_state)
+    return (optax.apply_updates(theta, updates), opt_state), None
+
+  theta0 = jnp.zeros(k)
+  (theta, _), _ = jax.jit(lambda c: jax.lax.scan(step, c, None, length=600))(
+      (theta0, opt.init(theta0)))
+  target = np.exp(rewards_K / beta) / np.exp(rewards_K / beta).sum()
+  np.testing.assert_allclose(jax.nn.softmax(theta), target, atol=1e-3)
+  assert float(loss_fn(theta)) < 1e-6
+
+
+# ----------------------------------------------------------------------------- registry
+
+def _random_batch(seed, b=2, g=4, t=6, with_old=False):
+  rng = np.random.RandomState(seed)
+  lengths = rng.randint(1, t + 1, size=(b, g))
+  mask = (np.arange(t)[None, None, :] < lengths[..., None]).astype(np.float32)
+  batch = {
+      "sampler_token_logp": -rng.rand(b, g, t).astype(np.float32) * 3,
+      "response_mask": mask,
+      "rewards": rng.binomial(1, 0.5, (b, g)).astype(np.float32),
+  }
+  batch["rewards"][0, :2] = [1.0, 0.0]  # at least one group with spread
+  if with_old:
+    batch["old_policy_token_logp"] = -rng.rand(b, g, t).astype(np.float32) * 3
+  policy = -rng.rand(b, g, t).astype(np.float32) * 3
+  return policy, batch
+
+
+def test_compute_loss_unknown_name():
+  policy, batch = _random_batch(0)
+  with pytest.raises(ValueError, match=r"known losses: \['grpo', 'oapl'\]"):
+    obj.compute_loss("ppo", policy, batch, obj.LossConfig())
+
+
+def test_compute_loss_oapl_equals_sequence_formula():
+  policy, batch = _random_batch(3)
+  cfg = obj.LossConfig(beta1=1.0, beta2=0.1)
+  loss, _ = jax.jit(obj.compute_loss, static_argnums=(0, 3))("oapl", policy, batch, cfg)
+  m = batch["response_mask"]
+  seq_policy, seq_sampler = (policy * m).sum(-1), (batch["sampler_token_logp"] * m).sum(-1)
+  np.testing.assert_allclose(loss, _np_oapl(seq_policy, seq_sampler, batch["rewards"], 1.0, 0.1)[0],
+                             rtol=1e-5)
+  ref, _ = obj.oapl_loss(seq_policy, seq_sampler, batch["rewards"], beta1=1.0, beta2=0.1)
+  np.testing.assert_allclose(loss, ref, rtol=1e-6)
+  # Length-normalized variant: mean token log-prob per sequence.
+  n = m.sum(-1)
+  loss_ln, _ = obj.compute_loss("oapl", policy, batch, obj.LossConfig(1.0, 0.1, True))
+  np.testing.assert_allclose(
+      loss_ln, _np_oapl(seq_policy / n, seq_sampler / n, batch["rewards"], 1.0, 0.1)[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["oapl", "grpo"])
+def test_masked_tokens_do_not_matter(name):
+  policy, batch = _random_batch(4, with_old=True)
+  cfg = obj.LossConfig(beta2=0.1)
+  off = batch["response_mask"] == 0
+  garbage = dict(batch)
+  for key in ("sampler_token_logp", "old_policy_token_logp"):
+    garbage[key] = np.where(off, -1e4, batch[key]).astype(np.float32)
+  f = jax.value_and_grad(lambda p, bt: obj.compute_loss(name, p, bt, cfg)[0])
+  loss, grad = f(jnp.asarray(policy), batch)
+  loss_g, grad_g = f(jnp.asarray(np.where(off, 50.0, policy)), garbage)
+  np.testing.assert_allclose(loss_g, loss, rtol=1e-6)
+  np.testing.assert_allclose(grad_g, grad, rtol=1e-6)
+  assert np.all(np.asarray(grad)[off] == 0.0)
+
+
+def _np_grpo_adv(r_BxG, eps=1e-6):
+  return (r_BxG - r_BxG.mean(-1, keepdims=True)) / (r_BxG.std(-1, ddof=1, keepdims=True) + eps)
+
+
+def test_grpo_on_policy_value_and_gradient():
+  """old == sampler == policy: ratio 1, weight 1, loss = -mean_seq A = 0; grad = -A m / (n S)."""
+  policy, batch = _random_batch(5)
+  batch["sampler_token_logp"] = policy
+  cfg = obj.LossConfig()
+  f = jax.value_and_grad(lambda p, bt: obj.compute_loss("grpo", p, bt, cfg), has_aux=True)
+  (loss, metrics), grad = f(jnp.asarray(policy), batch)  # no old key: stop_gradient(policy)
+  adv = _np_grpo_adv(batch["rewards"])
+  m = batch["response_mask"]
+  n_seq = adv.size  # every sequence has >= 1 token
+  np.testing.assert_allclose(loss, -adv.mean(), atol=1e-6)
+  np.testing.assert_allclose(loss, 0.0, atol=1e-6)
+  np.testing.assert_allclose(grad, -adv[..., None] * m / m.sum(-1, keepdims=True) / n_seq,
+                             rtol=1e-5, atol=1e-7)
+  assert float(metrics["clip_fraction"]) == 0.0
+  np.testing.assert_allclose(metrics["tis_weight_mean"], 1.0, rtol=1e-6)
+  # Same with an explicit old == policy.
+  (loss_o, _), grad_o = f(jnp.asarray(policy), dict(batch, old_policy_token_logp=policy))
+  np.testing.assert_allclose(loss_o, loss, atol=1e-7)
+  np.testing.assert_allclose(grad_o, grad, rtol=1e-6)
+
+
+def test_grpo_truncated_importance_weight():
+  """old == policy, sampler off by delta per token: loss = -mean_seq(mean_t min(e^delta, cap) * A)."""
+  policy, batch = _random_batch(6)
+  delta = np.random.RandomState(7).uniform(-1.0, 1.5, policy.shape).astype(np.float32)
+  batch["sampler_token_logp"] = policy - delta
+  cfg = obj.LossConfig(tis_cap=2.0)
+  loss, metrics = obj.compute_loss("grpo", policy, batch, cfg)
+  w = np.minimum(np.exp(delta), 2.0)
+  m = batch["response_mask"]
+  adv = _np_grpo_adv(batch["rewards"])
+  expected = np.mean(-adv * (w * m).sum(-1) / m.sum(-1))
+  np.testing.assert_allclose(loss, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(metrics["tis_weight_mean"], (w * m).sum() / m.sum(), rtol=1e-5)
+
+
+def test_grpo_clipping():
+  """rewards [1, 0]: A = +-a, a = 0.5 / (sqrt(0.5) + 1e-6). Two tokens per sequence, S = 2."""
+  a = 0.5 / (math.sqrt(0.5) + 1e-6)
+  old = np.zeros((1, 2, 2), np.float32) - 1.0
+  batch = {"sampler_token_logp": old, "old_policy_token_logp": old,
+           "response_mask": np.ones((1, 2, 2), np.float32), "rewards": np.array([[1.0, 0.0]])}
+  cfg = obj.LossConfig(clip_eps=0.2)
+  f = jax.value_and_grad(lambda p: obj.compute_loss("grpo", p, batch, cfg), has_aux=True)
+
+  # ratio 1.5 everywhere: A > 0 clipped at 1.2 (zero grad), A < 0 takes 1.5 * A (grad flows).
+  (loss, metrics), grad = f(jnp.asarray(old + math.log(1.5)))
+  np.testing.assert_allclose(loss, (-1.2 * a + 1.5 * a) / 2, rtol=1e-5)
+  np.testing.assert_allclose(grad[0, 0], [0.0, 0.0], atol=0)
+  np.testing.assert_allclose(grad[0, 1], [1.5 * a / 4, 1.5 * a / 4], rtol=1e-5)
+  np.testing.assert_allclose(metrics["clip_fraction"], 0.5)
+
+  # ratio 0.5: A < 0 clipped at 0.8 (zero grad), A > 0 takes 0.5 * A.
+  (loss, metrics), grad = f(jnp.asarray(old + math.log(0.5)))
+  np.testing.assert_allclose(loss, (-0.5 * a + 0.8 * a) / 2, rtol=1e-5)
+  np.testing.assert_allclose(grad[0, 1], [0.0, 0.0], atol=0)
+  np.testing.assert_allclose(grad[0, 0], [-0.5 * a / 4, -0.5 * a / 4], rtol=1e-5)
+  np.testing.assert_allclose(metrics["clip_fraction"], 0.5)
+
+
+def test_grpo_shape_errors():
+  policy, batch = _random_batch(8)
+  with pytest.raises(ValueError, match="rewards_BxG"):
+    obj.compute_loss("grpo", policy, dict(batch, rewards=batch["rewards"][:, :3]),
+                     obj.LossConfig())
+  with pytest.raises(ValueError, match="G >= 2"):
+    obj.grpo_loss(policy[:, :1], None, policy[:, :1], batch["response_mask"][:, :1],
+                  batch["rewards"][:, :1], clip_eps=0.2, tis_cap=2.0)

@@ -1,0 +1,123 @@
+"""Tests for oapl_jax.tasks.rewards: exact match, guards, registry, math_verify in processes."""
+import multiprocessing
+import os
+import time
+
+import numpy as np
+import pytest
+
+from oapl_jax.tasks import rewards
+
+
+# Verifiers for MathReward's worker processes: module level, so they pickle by name.
+def equal_or_misbehave(completion: str, answer: str) -> float:
+  if completion == "slow":
+    time.sleep(60)
+  if completion == "boom":
+    raise RuntimeError("verifier exploded")
+  if completion == "crash":
+    os._exit(3)  # the worker dies outright
+  return float(completion == answer)
+
+
+def _alive():
+  return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_last_boxed():
+  assert rewards.last_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
+  assert rewards.last_boxed("no box") is None
+  assert rewards.last_boxed("\\boxed{unclosed") is None
+
+
+def test_exact_match_reward():
+  completions = ["  42 \n", "so the answer is \\boxed{42}.", "\\boxed{ 42 }", "43",
+                 "\\boxed{4", "42 and \\boxed{41}", "\\boxed{\\frac{1}{2}}"]
+  answers = ["42", "42", "42", "42", "4", "42", "\\frac{1}{2}"]
+  got = rewards.exact_match_reward(completions, answers)
+  assert got.dtype == np.float32
+  np.testing.assert_array_equal(got, [1, 1, 1, 0, 0, 0, 1])
+
+
+def test_item_reward_counts_failures():
+  def score(c, a):
+    if c == "boom":
+      raise ValueError("bad")
+    return float(c == a)
+  result = rewards.ItemReward(score)(["x", "boom", "y"], ["x", "x", "z"])
+  np.testing.assert_array_equal(result.rewards, [1, 0, 0])
+  assert (result.num_failed, result.num_timeout) == (1, 0)
+
+
+def test_guarded_never_raises_for_the_reward():
+  def raises(c, a):
+    raise RuntimeError("whole batch failed")
+  result = rewards.Guarded(raises)(["a", "b"], ["a", "b"])
+  np.testing.assert_array_equal(result.rewards, [0, 0])
+  assert result.num_failed == 2
+
+  result = rewards.Guarded(lambda c, a: np.array([np.nan, 1.0, np.inf]))(["a"] * 3, ["a"] * 3)
+  np.testing.assert_array_equal(result.rewards, [0, 1, 0])
+  assert result.num_failed == 2
+
+  result = rewards.Guarded(lambda c, a: np.ones(5))(["a"] * 3, ["a"] * 3)  # wrong shape
+  np.testing.assert_array_equal(result.rewards, [0, 0, 0])
+  assert result.num_failed == 3
+
+  with pytest.raises(ValueError, match="2 completions but 1 answers"):  # caller's bug
+    rewards.Guarded(rewards.exact_match_reward)(["a", "b"], ["a"])
+
+
+def test_registry():
+  assert set(rewards.REWARDS) == {"exact_match", "math_verify", "arithmetic"}
+  r = rewards.make_reward("arithmetic")(["12<eos>", "12"], ["12", "12"])
+  np.testing.assert_array_equal(r.rewards, [1, 0])
+  r = rewards.make_reward("exact_match")(["\\boxed{7}"], ["7"])
+  np.testing.assert_array_equal(r.rewards, [1])
+  with pytest.raises(ValueError, match="unknown reward 'nope'"):
+    rewards.make_reward("nope")
+
+
+def test_math_verify_equivalence():
+  reward = rewards.make_reward("math_verify", num_workers=2, timeout_s=10.0)
+  try:
+    result = reward(
+        ["The answer is \\boxed{1/2}.", "\\boxed{3}", "I give up.",
+         "so \\boxed{\\frac{\\sqrt{12}}{2}}", "\\boxed{5}"],
+        ["0.5", "4", "7", "\\sqrt{3}", ""])  # an empty gold answer cannot be parsed
+    np.testing.assert_array_equal(result.rewards, [1, 0, 0, 1, 0])
+    assert (result.num_failed, result.num_timeout) == (1, 0)
+  finally:
+    reward.close()
+
+
+def test_math_reward_failure_timeout_and_recovery():
+  reward = rewards.MathReward(num_workers=2, timeout_s=1.0, verify_fn=equal_or_misbehave)
+  try:
+    reward(["warm"], ["warm"])
+    workers_before = _alive()
+    start = time.monotonic()
+    result = reward(["a", "slow", "b", "boom", "c", "d"], ["a", "x", "b", "x", "z", "d"])
+    assert time.monotonic() - start < 30  # the 60 s sleep was cut off
+    np.testing.assert_array_equal(result.rewards, [1, 0, 1, 0, 0, 1])
+    assert (result.num_failed, result.num_timeout) == (1, 1)
+    assert len(workers_before) == 2
+    assert not workers_before & _alive()  # the hung worker was killed with its pool
+    # The pool was recycled: later calls still work, on fresh workers.
+    result = reward(["q", "r"], ["q", "q"])
+    np.testing.assert_array_equal(result.rewards, [1, 0])
+    assert (result.num_failed, result.num_timeout) == (0, 0)
+    assert len(_alive()) == 2
+  finally:
+    reward.close()
+  assert not multiprocessing.active_children()  # close() leaves no worker behind
+
+
+def test_math_reward_survives_a_dead_worker():
+  reward = rewards.MathReward(num_workers=1, timeout_s=5.0, verify_fn=equal_or_misbehave)
+  try:
+    result = reward(["a", "crash", "b"], ["a", "x", "b"])
+    np.testing.assert_array_equal(result.rewards, [1, 0, 1])
+    assert (result.num_failed, result.num_timeout) == (1, 0)
+  finally:
+    reward.close()
