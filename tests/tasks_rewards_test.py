@@ -92,13 +92,13 @@ def test_math_verify_equivalence():
 
 
 def test_math_reward_failure_timeout_and_recovery():
-  reward = rewards.MathReward(num_workers=2, timeout_s=1.0, verify_fn=equal_or_misbehave)
+  reward = rewards.MathReward(num_workers=2, timeout_s=5.0, verify_fn=equal_or_misbehave)
   try:
     reward(["warm"], ["warm"])
     workers_before = _alive()
     start = time.monotonic()
     result = reward(["a", "slow", "b", "boom", "c", "d"], ["a", "x", "b", "x", "z", "d"])
-    assert time.monotonic() - start < 30  # the 60 s sleep was cut off
+    assert time.monotonic() - start < 50  # the 60 s sleep was cut off at the 5 s timeout
     np.testing.assert_array_equal(result.rewards, [1, 0, 1, 0, 0, 1])
     assert (result.num_failed, result.num_timeout) == (1, 1)
     assert len(workers_before) == 2
