@@ -192,7 +192,17 @@ def _grpo_from_batch(policy_token_logp_BxGxT: jax.Array, batch: Mapping[str, jax
                    clip_eps=cfg.clip_eps, tis_cap=cfg.tis_cap)
 
 
-LOSSES: dict[str, LossFn] = {"oapl": _oapl_from_batch, "grpo": _grpo_from_batch}
+def _sft_from_batch(policy_token_logp_BxGxT: jax.Array, batch: Mapping[str, jax.Array],
+                    cfg: LossConfig) -> tuple[jax.Array, Metrics]:
+  """Supervised warm start: mean negative log-likelihood of the response (demonstration) tokens."""
+  del cfg
+  mask_BxGxT = batch["response_mask"].astype(jnp.float32)
+  n_tokens = jnp.maximum(jnp.sum(mask_BxGxT), 1.0)
+  nll = -jnp.sum(jnp.where(mask_BxGxT > 0, policy_token_logp_BxGxT, 0.0)) / n_tokens
+  return nll, {"nll": nll}
+
+
+LOSSES: dict[str, LossFn] = {"oapl": _oapl_from_batch, "grpo": _grpo_from_batch, "sft": _sft_from_batch}
 
 
 def compute_loss(name: str, policy_token_logp_BxGxT: jax.Array,

@@ -175,7 +175,7 @@ def _random_batch(seed, b=2, g=4, t=6, with_old=False):
 
 def test_compute_loss_unknown_name():
   policy, batch = _random_batch(0)
-  with pytest.raises(ValueError, match=r"known losses: \['grpo', 'oapl'\]"):
+  with pytest.raises(ValueError, match=r"known losses: \['grpo', 'oapl', 'sft'\]"):
     obj.compute_loss("ppo", policy, batch, obj.LossConfig())
 
 
@@ -285,3 +285,11 @@ def test_grpo_shape_errors():
   with pytest.raises(ValueError, match="G >= 2"):
     obj.grpo_loss(policy[:, :1], None, policy[:, :1], batch["response_mask"][:, :1],
                   batch["rewards"][:, :1], clip_eps=0.2, tis_cap=2.0)
+
+
+def test_sft_loss_is_masked_mean_nll():
+  logp = np.log(np.array([[[0.5, 0.25, 0.9]]], np.float32))
+  mask = np.array([[[1.0, 1.0, 0.0]]], np.float32)
+  batch = {"response_mask": mask, "sampler_token_logp": np.zeros_like(logp), "rewards": np.zeros((1, 1), np.float32)}
+  loss, _ = obj.compute_loss("sft", logp, batch, obj.LossConfig())
+  np.testing.assert_allclose(float(loss), (np.log(2) + np.log(4)) / 2, rtol=1e-6)

@@ -1,6 +1,7 @@
 """Tests for oapl_jax.tasks.arithmetic: tokenizer, problems, splits, SFT data, reward."""
 import itertools
 
+import numpy as np
 import pytest
 
 from oapl_jax.tasks import arithmetic
@@ -116,3 +117,16 @@ def test_task_rewards_sampled_tokens():
   result = task.reward(sampled, problems)
   assert result.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
   assert result.num_failed == 0 and result.num_timeout == 0
+
+
+def test_slipped_demonstrations_change_only_the_last_digit():
+  problems = arithmetic.make_problems(400, "train", seed=3)
+  tok = arithmetic.CharTokenizer()
+  examples = arithmetic.sft_examples(problems, tok, slip_rate=0.7, seed=1)
+  texts = [tok.decode(e.completion_tokens[:-1]) for e in examples]
+  slipped = [t != p.answer for t, p in zip(texts, problems)]
+  assert 0.6 < np.mean(slipped) < 0.8
+  for text, p, s in zip(texts, problems, slipped):
+    if s:
+      assert text[:-1] == p.answer[:-1] and int(text[-1]) == (int(p.answer[-1]) + 1) % 10
+  assert arithmetic.slipped("19") == "10" and arithmetic.slipped("7") == "8"

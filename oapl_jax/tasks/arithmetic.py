@@ -93,12 +93,23 @@ def make_problems(num: int, split: str = "train", *, seed: int = 0, num_digits: 
   return problems
 
 
-def sft_examples(problems: Sequence[base.Problem],
-                 tokenizer: CharTokenizer | None = None) -> list[SFTExample]:
-  """Prompt tokens and gold completion tokens (answer + eos) for a supervised warm start."""
+def slipped(answer: str) -> str:
+  """The demo's systematic slip: the last digit off by one (9 wraps to 0)."""
+  return answer[:-1] + str((int(answer[-1]) + 1) % 10)
+
+
+def sft_examples(problems: Sequence[base.Problem], tokenizer: CharTokenizer | None = None, *,
+                 slip_rate: float = 0.0, seed: int = 0) -> list[SFTExample]:
+  """Prompt tokens and completion tokens (answer + eos) for a supervised warm start.
+
+  With `slip_rate` > 0, that fraction of the demonstrations carry `slipped` answers: the
+  imperfect teacher the CPU demo warm-starts from, so RL has a habit to fix.
+  """
   tokenizer = tokenizer or CharTokenizer()
-  return [SFTExample(p.prompt_tokens, (*tokenizer.encode(p.answer), tokenizer.eos_id))
-          for p in problems]
+  slips = np.random.default_rng(seed).random(len(problems)) < slip_rate
+  return [SFTExample(p.prompt_tokens, (*tokenizer.encode(slipped(p.answer) if slip else p.answer),
+                                       tokenizer.eos_id))
+          for p, slip in zip(problems, slips)]
 
 
 def score(completion: str, answer: str) -> float:

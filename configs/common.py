@@ -1,0 +1,43 @@
+"""Defaults every experiment config starts from (fields documented once, here)."""
+from ml_collections import ConfigDict
+
+
+def base_config() -> ConfigDict:
+  c = ConfigDict()
+  c.seed = 0
+  # model: an HF checkpoint directory, or a preset (oapl_jax/models/config.py) + overrides.
+  c.model = ConfigDict(dict(checkpoint="", preset="tiny", overrides={}, param_dtype="float32", dtype="float32",
+                            remat=False))
+  c.warmstart = ConfigDict(dict(steps=0, batch_size=0, lr=0.0, slip_rate=0.0))
+  c.trainer = ConfigDict(dict(
+      loss="oapl",  # objectives.LOSSES: oapl | grpo
+      loss_config=dict(beta1=1.0, beta2=1e-3, length_normalize=False, clip_eps=0.2, tis_cap=2.0),
+      optim=dict(lr=1e-6, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0, schedule="constant",
+                 warmup_ratio=0.0, min_ratio=0.0, total_steps=0),
+      micro_batches=1))
+  # sampler: its own mesh and dtype; the trainer's log-probs use the same temperature.
+  c.sampler = ConfigDict(dict(num_slots=64, max_prefill_length=1024, max_new_tokens=1024, temperature=1.0,
+                              top_p=1.0, top_k=0, steps_per_sync=16, dtype="float32"))
+  # loop: Algorithm 1. sync_every = L; a step samples B groups; the sampler adds chunks of P prompts
+  # x G samples; step s of a window may use the first min(1 + s // steps_per_rollout, chunks) chunks.
+  c.loop = ConfigDict(dict(sync_every=50, num_syncs=10, batch_prompts=128, prompts_per_rollout=128, group_size=8,
+                           steps_per_rollout=2, eval_every_syncs=1, stop_after_syncs=0))
+  c.eval = ConfigDict(dict(num_prompts=1_000_000, samples=10, ks=(1, 5, 10), temperature=0.6, top_p=0.95,
+                           max_new_tokens=1024))
+  c.checkpoint = ConfigDict(dict(every_syncs=1, max_to_keep=3))
+  # mesh: ici sizes for (data, fsdp, tensor), -1 fills; sampler_devices > 0 gives the sampler its own.
+  c.mesh = ConfigDict(dict(trainer_ici=(1, -1, 1), sampler_ici=(1, -1, 1), sampler_devices=0, rules={}))
+  return c
+
+
+def arithmetic_task(num_digits: int, num_train: int, num_held_out: int) -> ConfigDict:
+  return ConfigDict(dict(name="arithmetic", num_digits=num_digits, operations=("+",), num_train=num_train,
+                         num_held_out=num_held_out, seed=0))
+
+
+def chat_task(tokenizer_dir: str, train_path: str, eval_paths: dict, reward: str = "math_verify") -> ConfigDict:
+  """Problem/answer records (JSONL, Parquet or tfds:NAME/SPLIT) templated with the model's chat template."""
+  return ConfigDict(dict(name="chat", tokenizer_dir=tokenizer_dir, train_path=train_path, eval_paths=eval_paths,
+                         problem_key="problem", answer_key="answer", system_prompt="",
+                         instruction_suffix=" Let's think step by step and output the final answer within \\boxed{}.",
+                         reward=reward, reward_workers=4, reward_timeout_s=10.0, max_train=0))

@@ -1,0 +1,46 @@
+"""Train a Qwen model with OAPL.
+
+  python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo
+  oapl-train --config configs/math.py:smoke --workdir /tmp/smoke --config.loop.num_syncs=2
+"""
+import logging
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from absl import app, flags  # noqa: E402
+import jax  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from oapl_jax.rl import loop  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/arithmetic.py", "Experiment config (get_config).")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Logs, checkpoints, curve and summary go here.")
+
+
+def main(argv):
+  del argv
+  jax.config.update("jax_debug_nans", False)
+  if int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1 or os.environ.get("JAX_COORDINATOR_ADDRESS"):
+    jax.distributed.initialize()  # multi-host: coordinator and ids from the environment / cluster
+  logging.info("devices: %s", jax.devices())
+  summary = loop.train(loop.setup(_CONFIG.value, _WORKDIR.value))
+  if jax.process_index() == 0:
+    print("\n=== OAPL run finished ===")
+    for key, value in summary.items():
+      if key != "paths":
+        print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
+    paths = summary["paths"]
+    print(f"  TensorBoard logs: {paths['tensorboard']}  (tensorboard --logdir {paths['tensorboard']})")
+    print(f"  checkpoints:      {paths['checkpoints']}")
+    print(f"  learning curve:   {paths['curve']}")
+    print(f"  summary:          {paths['summary']}")
+
+
+def run():
+  """Console script entry point (oapl-train)."""
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,123 @@
+"""The rollout buffer D of Algorithm 1: groups from ONE sampler snapshot, packed for the trainer.
+
+The sampler thread `add`s rollout groups (tagged with their snapshot version); the trainer
+`sample`s batches of B groups; every L steps the loop `reset`s it to the new version, dropping
+everything. A group from any other version is refused, so V* is always estimated within one
+sampling policy.
+
+Determinism: groups arrive in chunks (one `add` per sampler call). Trainer step s of a window
+draws only from the first `chunks_visible(s)` chunks and waits until they exist, so what a step
+sees does not depend on how fast the sampler ran; within that set the least-used groups are
+drawn first (ties broken by the step's rng).
+"""
+import threading
+from typing import Optional
+
+import numpy as np
+
+from oapl_jax.sampler.rollout import RolloutGroups
+
+
+def pack_groups(groups: RolloutGroups, rewards_PxG: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+  """Prompt + response per sample -> right-padded next-token arrays [P, G, seq_len].
+
+  tokens[t] is fed to the model, targets[t] = sequence[t + 1]; response_mask and
+  sampler_token_logp are aligned with targets (response token j sits at t = prompt_len - 1 + j).
+  """
+  P, G, N = groups.response_tokens.shape
+  out = {k: np.zeros((P, G, seq_len), np.int32) for k in ("tokens", "targets")}
+  out["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (P, G, seq_len)).copy()
+  out["response_mask"] = np.zeros((P, G, seq_len), np.float32)
+  out["sampler_token_logp"] = np.zeros((P, G, seq_len), np.float32)
+  for p in range(P):
+    prompt = groups.prompt_tokens[p, :groups.prompt_lengths[p]]
+    n_prompt = len(prompt)
+    for g in range(G):
+      n_resp = int(groups.lengths[p, g])
+      seq = np.concatenate([prompt, groups.response_tokens[p, g, :n_resp]])
+      if len(seq) - 1 > seq_len:
+        raise ValueError(f"prompt ({n_prompt}) + response ({n_resp}) tokens exceed the trainer's "
+                         f"sequence length {seq_len} + 1")
+      out["tokens"][p, g, :len(seq) - 1] = seq[:-1]
+      out["targets"][p, g, :len(seq) - 1] = seq[1:]
+      out["response_mask"][p, g, n_prompt - 1:n_prompt - 1 + n_resp] = 1.0
+      out["sampler_token_logp"][p, g, n_prompt - 1:n_prompt - 1 + n_resp] = groups.sampler_logp[p, g, :n_resp]
+  out["rewards"] = np.asarray(rewards_PxG, np.float32)
+  return out
+
+
+class RolloutBuffer:
+  """Thread-safe store of packed groups from the current snapshot version only."""
+
+  def __init__(self, seq_len: int):
+    self.seq_len = seq_len
+    self._cond = threading.Condition()
+    self._version = 0
+    self._chunks: list[dict[str, np.ndarray]] = []
+    self._uses: list[np.ndarray] = []  # per chunk: times each group was drawn
+    self._closed = False
+
+  @property
+  def version(self) -> int:
+    return self._version
+
+  def reset(self, version: int) -> None:
+    """Drop every group and accept only `version` from now on (the sync of Algorithm 1)."""
+    with self._cond:
+      self._version = version
+      self._chunks, self._uses = [], []
+      self._cond.notify_all()
+
+  def close(self) -> None:
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+
+  def add(self, groups: RolloutGroups, rewards_PxG: np.ndarray) -> bool:
+    """Add one chunk of groups; returns False (and drops it) if it is from another version."""
+    packed = pack_groups(groups, rewards_PxG, self.seq_len)
+    packed["version"] = np.full(len(rewards_PxG), groups.snapshot_version, np.int64)
+    with self._cond:
+      if groups.snapshot_version != self._version:
+        return False
+      self._chunks.append(packed)
+      self._uses.append(np.zeros(len(rewards_PxG), np.int64))
+      self._cond.notify_all()
+      return True
+
+  def num_chunks(self) -> int:
+    with self._cond:
+      return len(self._chunks)
+
+  def num_groups(self) -> int:
+    with self._cond:
+      return sum(len(u) for u in self._uses)
+
+  def versions(self) -> set[int]:
+    with self._cond:
+      return {int(v) for c in self._chunks for v in c["version"]}
+
+  def sample(self, batch_groups: int, chunks_visible: int, rng: np.random.Generator,
+             timeout: Optional[float] = None) -> Optional[dict[str, np.ndarray]]:
+    """B groups from the first `chunks_visible` chunks, least-used first; waits for the chunks.
+
+    Returns None if the buffer was closed (or `timeout` passed) before the chunks arrived.
+    """
+    with self._cond:
+      ready = self._cond.wait_for(lambda: self._closed or len(self._chunks) >= chunks_visible, timeout)
+      if not ready or len(self._chunks) < chunks_visible:
+        return None
+      chunks, uses = self._chunks[:chunks_visible], self._uses[:chunks_visible]
+      flat_uses = np.concatenate(uses)
+      if len(flat_uses) < batch_groups:
+        raise ValueError(f"the first {chunks_visible} rollout chunks hold {len(flat_uses)} groups, "
+                         f"fewer than the trainer batch of {batch_groups} groups")
+      order = np.lexsort((rng.random(len(flat_uses)), flat_uses))[:batch_groups]
+      owner = np.repeat(np.arange(len(chunks)), [len(u) for u in uses])
+      offset = np.concatenate([[0], np.cumsum([len(u) for u in uses])])
+      picks = [(owner[i], i - offset[owner[i]]) for i in np.sort(order)]
+      for c, j in picks:
+        uses[c][j] += 1
+      batch = {k: np.stack([chunks[c][k][j] for c, j in picks]) for k in chunks[0]}
+      batch["reuse"] = np.array([uses[c][j] for c, j in picks], np.int64)
+      return batch

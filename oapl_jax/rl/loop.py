@@ -1,0 +1,216 @@
+"""OAPL, Algorithm 1: a lagged sampler fills the buffer while the trainer regresses on it.
+
+  for each sync window (L trainer steps):
+    sampler <- trainer params (device-side reshard, version += 1); buffer <- empty, that version
+    background thread: [eval the fresh snapshot]; generate chunks of P prompts x G samples
+    trainer: L steps, step s draws B groups from the first min(1 + s // k, chunks) chunks
+  checkpoint at window boundaries (the buffer is empty there by construction)
+
+On one device the sampler and trainer share it; with `mesh.sampler_devices` > 0 the sampler
+gets its own devices and both run truly concurrently.
+"""
+import dataclasses
+import logging
+import math
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from oapl_jax import checkpoints, evaluation, parallel, reporting
+from oapl_jax.models.factory import build_model
+from oapl_jax.rl import trainer, warmstart
+from oapl_jax.rl.buffer import RolloutBuffer
+from oapl_jax.rl.rollout_worker import RolloutWorker, Window
+from oapl_jax.sampler import core
+from oapl_jax.tasks import arithmetic
+from oapl_jax.tasks.factory import build_task
+
+TRAINER_ONLY_KEYS = ("version", "reuse")
+
+
+def build_meshes(cfg) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
+  devices = jax.devices()
+  n_sampler = cfg.sampler_devices
+  if n_sampler < 0 or n_sampler >= len(devices) and n_sampler:
+    raise ValueError(f"config field mesh.sampler_devices={n_sampler}: need 0 (share) or 1..{len(devices) - 1}")
+  trainer_devices = devices[:len(devices) - n_sampler] if n_sampler else devices
+  sampler_devices = devices[len(devices) - n_sampler:] if n_sampler else devices
+  return (parallel.make_mesh(tuple(cfg.trainer_ici), devices=trainer_devices),
+          parallel.make_mesh(tuple(cfg.sampler_ici), devices=sampler_devices))
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a run holds; built by `setup`, advanced by `train`."""
+  cfg: Any
+  task: Any
+  eval_sets: dict
+  model_config: Any
+  state: Any
+  train_step: Any
+  sampler: core.Sampler
+  buffer: RolloutBuffer
+  checkpointer: checkpoints.Checkpointer
+  reporter: reporting.Reporter
+  meta: checkpoints.Meta
+
+
+def _sampling(cfg) -> dict:
+  return dict(max_new_tokens=cfg.sampler.max_new_tokens, temperature=cfg.sampler.temperature,
+              top_p=cfg.sampler.top_p, top_k=cfg.sampler.top_k, steps_per_sync=cfg.sampler.steps_per_sync)
+
+
+def setup(cfg, workdir: str) -> Run:
+  loop = cfg.loop
+  if loop.batch_prompts > loop.prompts_per_rollout:
+    raise ValueError(f"loop.batch_prompts={loop.batch_prompts} exceeds loop.prompts_per_rollout="
+                     f"{loop.prompts_per_rollout}: a step would need groups from chunks not yet visible")
+  rules = parallel.rules_from_config(cfg.mesh.rules)
+  trainer_mesh, sampler_mesh = build_meshes(cfg.mesh)
+  task, eval_sets = build_task(cfg.task)
+  model_config, params = build_model(cfg.model, trainer_mesh, rules, cfg.seed)
+  longest_prompt = max(len(p.prompt_tokens) for p in list(task.train) + [q for s in eval_sets.values() for q in s])
+  seq_len = longest_prompt + max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens) - 1
+  checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", cfg.checkpoint.max_to_keep)
+  reporter = reporting.Reporter(workdir, loop.num_syncs * loop.sync_every)
+
+  train_cfg = dataclasses.replace(trainer.TrainConfig.from_config(cfg.trainer), temperature=cfg.sampler.temperature)
+  resuming = checkpointer.latest_step() is not None
+  if cfg.warmstart.steps and not resuming:
+    if cfg.task.name != "arithmetic":
+      raise ValueError("warmstart is built in for the arithmetic task; start chat tasks from a checkpoint")
+    logging.info("warm start: %d supervised steps on demonstrations", cfg.warmstart.steps)
+    examples = arithmetic.sft_examples(task.train, task.tokenizer, slip_rate=cfg.warmstart.slip_rate, seed=cfg.seed)
+    params = warmstart.warm_start(examples, params, model_config, trainer_mesh, rules, steps=cfg.warmstart.steps,
+                                  batch_size=cfg.warmstart.batch_size, lr=cfg.warmstart.lr, seq_len=seq_len,
+                                  seed=cfg.seed, log=reporter.scalars)
+  state = trainer.create_train_state(train_cfg, model_config, params, trainer_mesh, rules)
+  del params
+  meta = checkpoints.Meta(syncs_done=0, snapshot_version=0, data_position=0, seed=cfg.seed)
+  if resuming:
+    state, meta = checkpointer.restore(checkpoints.abstract_like(state))
+    logging.info("resumed from %s at step %d (%d syncs done)", checkpointer.directory, int(state.step), meta.syncs_done)
+
+  sampler_config = model_config.replace(param_dtype=cfg.sampler.dtype, dtype=cfg.sampler.dtype, remat=False)
+  sampler = core.Sampler(sampler_config, mesh=sampler_mesh, rules=rules, num_slots=cfg.sampler.num_slots,
+                         max_prefill_length=cfg.sampler.max_prefill_length,
+                         max_new_tokens=max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens))
+  sampler.snapshot_version = meta.snapshot_version
+  return Run(cfg, task, eval_sets, model_config, state, trainer.make_train_step(train_cfg, model_config, trainer_mesh, rules),
+             sampler, RolloutBuffer(seq_len), checkpointer, reporter, meta)
+
+
+def _evaluate(run: Run, step: int) -> dict:
+  e = run.cfg.eval
+  out = {}
+  for name, problems in run.eval_sets.items():
+    metrics = evaluation.evaluate(run.sampler, run.sampler.params, run.task, problems[:e.num_prompts],
+                                  samples=e.samples, ks=tuple(e.ks), temperature=e.temperature, top_p=e.top_p,
+                                  max_new_tokens=e.max_new_tokens, seed=run.cfg.seed + 7919)
+    out.update({f"eval/{name}/{k}": v for k, v in metrics.items()})
+  logging.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in out.items() if "pass@" in k})
+  return out
+
+
+def _log_worker_stats(run: Run, worker: RolloutWorker) -> None:
+  while not worker.stats.empty():
+    step, metrics = worker.stats.get()
+    run.reporter.scalars(step, metrics)
+
+
+def _check_finite(metrics: dict, step: int, run: Run) -> None:
+  if not math.isfinite(float(metrics["loss"])):
+    last = run.checkpointer.latest_step()
+    raise FloatingPointError(
+        f"the loss became {float(metrics['loss'])} at trainer step {step}; stopping. The last good checkpoint "
+        f"(step {last}) is kept in {run.checkpointer.directory}. Try a larger beta2 or a lower learning rate.")
+
+
+def train(run: Run) -> dict:
+  """Runs the remaining sync windows; returns the final summary (also written to the workdir)."""
+  cfg, loop = run.cfg, run.cfg.loop
+  L, k = loop.sync_every, loop.steps_per_rollout
+  num_chunks = math.ceil(L / k)
+  worker = RolloutWorker(run.sampler, run.task, run.buffer, prompts_per_chunk=loop.prompts_per_rollout,
+                         group_size=loop.group_size, sampling=_sampling(cfg), seed=cfg.seed,
+                         eval_fn=lambda step: _evaluate(run, step))
+  worker.start()
+  meta, state = run.meta, run.state
+  first_sync, steps_this_run = meta.syncs_done, 0
+  base_key = jax.random.PRNGKey(cfg.seed)
+  try:
+    for sync in range(first_sync, loop.num_syncs):
+      if loop.stop_after_syncs and sync - first_sync >= loop.stop_after_syncs:
+        logging.warning("stopping after %d sync windows (loop.stop_after_syncs)", loop.stop_after_syncs)
+        break
+      step0 = sync * L
+      run.sampler.refresh(state.params)
+      run.buffer.reset(run.sampler.snapshot_version)
+      run.reporter.scalars(step0, {"sampler/refresh_seconds": run.sampler.last_refresh_seconds})
+      worker.start_window(Window(run.sampler.snapshot_version, meta.data_position, num_chunks, step0, k,
+                                 evaluate=sync % loop.eval_every_syncs == 0))
+      pending, last_fetch = None, time.perf_counter()
+      for s in range(L):
+        step = step0 + s
+        wait_start = time.perf_counter()
+        batch = run.buffer.sample(loop.batch_prompts, min(1 + s // k, num_chunks), np.random.default_rng([cfg.seed, step]))
+        if batch is None:
+          worker.wait_window()  # raises the worker's error, if that is why the buffer closed
+          raise RuntimeError("the rollout buffer was closed while the trainer waited for data")
+        waited = time.perf_counter() - wait_start
+        reuse = batch.pop("reuse")
+        versions = batch.pop("version")
+        if (versions != run.sampler.snapshot_version).any():
+          raise AssertionError(f"buffer served versions {set(versions)} at snapshot {run.sampler.snapshot_version}")
+        state, metrics = run.train_step(state, batch, jax.random.fold_in(base_key, step))
+        if pending is not None:
+          _finish_step(run, *pending, last_fetch)
+          last_fetch = time.perf_counter()
+        pending = (step, metrics, {"train/policy_lag": s, "train/wait_seconds": waited,
+                                   "buffer/groups": run.buffer.num_groups(), "buffer/reuse_mean": reuse.mean()})
+        steps_this_run += 1
+        _log_worker_stats(run, worker)
+        run.reporter.tick(step + 1)
+      _finish_step(run, *pending, last_fetch)
+      worker.wait_window()
+      _log_worker_stats(run, worker)
+      meta = checkpoints.Meta(sync + 1, run.sampler.snapshot_version, meta.data_position + num_chunks * loop.prompts_per_rollout, cfg.seed)
+      logging.info("%s", run.reporter.eta_line(step0 + L, steps_this_run))
+      if (sync + 1) % cfg.checkpoint.every_syncs == 0 or sync + 1 == loop.num_syncs:
+        run.checkpointer.save(step0 + L, state, meta)
+    run.state, run.meta = state, meta
+    return _finish(run, worker)
+  finally:
+    worker.stop()
+    run.buffer.close()
+    run.checkpointer.wait()
+
+
+def _finish_step(run: Run, step: int, metrics, extra: dict, last_fetch: float) -> None:
+  metrics = jax.device_get(metrics)
+  _check_finite(metrics, step, run)
+  seconds = max(time.perf_counter() - last_fetch - extra["train/wait_seconds"], 1e-9)
+  scalars = {f"train/{k}": v for k, v in metrics.items()}
+  scalars.update(extra, **{"train/tokens_per_second": float(metrics["tokens"]) / seconds})
+  run.reporter.scalars(step, scalars)
+
+
+def _finish(run: Run, worker: RolloutWorker) -> dict:
+  """Final eval of the trained policy, then the PNG curve and summary."""
+  done_steps = run.meta.syncs_done * run.cfg.loop.sync_every
+  summary: dict[str, Any] = {"trainer_steps": done_steps, "syncs": run.meta.syncs_done,
+                             "snapshot_version": run.sampler.snapshot_version}
+  if run.meta.syncs_done == run.cfg.loop.num_syncs:
+    run.sampler.refresh(run.state.params)
+    final = _evaluate(run, done_steps)
+    run.reporter.scalars(done_steps, final)
+    history = run.reporter.history()
+    first = next((h for h in history if any(k.startswith("eval/") for k in h)), {})
+    for key in sorted(k for k in final if "pass@" in k or "reward_mean" in k):
+      summary[f"{key} (start)"] = first.get(key, float("nan"))
+      summary[f"{key} (end)"] = final[key]
+  paths = run.reporter.finish(summary)
+  summary["paths"] = {**paths, "checkpoints": run.checkpointer.directory}
+  return summary

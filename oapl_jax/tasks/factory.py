@@ -1,0 +1,47 @@
+"""Build a Task (and its named evaluation sets) from the `task` section of an experiment config."""
+import os
+from typing import Any, Mapping
+
+from oapl_jax.tasks import arithmetic, base, rewards, sources
+from oapl_jax.tasks.templates import ChatTokenizer
+
+
+def load_records(spec: str, field: str, problem_key: str, answer_key: str) -> list[dict]:
+  """`spec`: a .jsonl / .parquet path, or 'tfds:NAME/SPLIT'. `field` names the config field in errors."""
+  if spec.startswith("tfds:"):
+    name, _, split = spec[len("tfds:"):].partition("/")
+    return sources.load_tfds(name, split or "train", problem_key, answer_key)
+  if not os.path.exists(spec):
+    raise FileNotFoundError(f"config field task.{field}: {spec} does not exist")
+  if spec.endswith(".jsonl") or spec.endswith(".json"):
+    return sources.load_jsonl(spec, problem_key, answer_key)
+  if spec.endswith(".parquet"):
+    return sources.load_parquet(spec, problem_key, answer_key)
+  raise ValueError(f"config field task.{field}: {spec} is neither .jsonl, .parquet nor tfds:NAME/SPLIT")
+
+
+def build_task(cfg: Mapping[str, Any]) -> tuple[base.Task, dict[str, list[base.Problem]]]:
+  """(task, {eval set name: problems}). cfg.name: 'arithmetic' or 'chat' (math/GSM8K-style data)."""
+  if cfg["name"] == "arithmetic":
+    task = arithmetic.make_task(cfg["num_train"], cfg["num_held_out"], seed=cfg["seed"],
+                                num_digits=cfg["num_digits"], operations=tuple(cfg["operations"]))
+    return task, {"held_out": list(task.held_out)}
+  if cfg["name"] != "chat":
+    raise ValueError(f"config field task.name={cfg['name']!r}; expected 'arithmetic' or 'chat'")
+  if not cfg["tokenizer_dir"] or not os.path.isdir(cfg["tokenizer_dir"]):
+    raise FileNotFoundError(f"config field task.tokenizer_dir: {cfg['tokenizer_dir']!r} is not a directory "
+                            f"(point it at the model's HF checkpoint directory)")
+  tokenizer = ChatTokenizer(cfg["tokenizer_dir"])
+  keys = (cfg["problem_key"], cfg["answer_key"])
+  template = dict(system=cfg["system_prompt"] or None, instruction_suffix=cfg["instruction_suffix"])
+  train = tokenizer.problems(load_records(cfg["train_path"], "train_path", *keys), **template)
+  if cfg["max_train"]:
+    train = train[:cfg["max_train"]]
+  eval_sets = {name: tokenizer.problems(load_records(path, f"eval_paths.{name}", *keys), **template)
+               for name, path in dict(cfg["eval_paths"]).items()}
+  reward_kw = dict(num_workers=cfg["reward_workers"], timeout_s=cfg["reward_timeout_s"]) \
+      if cfg["reward"] == "math_verify" else {}
+  task = base.Task(name=cfg["reward"], tokenizer=tokenizer, train=train,
+                   held_out=next(iter(eval_sets.values()), []),
+                   reward_fn=rewards.make_reward(cfg["reward"], **reward_kw))
+  return task, eval_sets
