@@ -9,6 +9,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
 import jax  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -18,9 +19,17 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/arithmetic.py", "Ex
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Logs, checkpoints, curve and summary go here.")
 
 
+class _QuietLibraries(logging.Filter):
+  """Console: our progress and metrics at INFO; libraries (orbax, jax) only at WARNING and up."""
+
+  def filter(self, record):
+    return record.levelno >= logging.WARNING or "/oapl_jax/" in record.pathname or "/clu/" in record.pathname
+
+
 def main(argv):
   del argv
-  jax.config.update("jax_debug_nans", False)
+  absl_logging.set_stderrthreshold("info")  # progress, ETA and metrics on the console
+  absl_logging.get_absl_handler().addFilter(_QuietLibraries())
   if int(os.environ.get("JAX_NUM_PROCESSES", "1")) > 1 or os.environ.get("JAX_COORDINATOR_ADDRESS"):
     jax.distributed.initialize()  # multi-host: coordinator and ids from the environment / cluster
   logging.info("devices: %s", jax.devices())

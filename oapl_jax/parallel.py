@@ -99,8 +99,13 @@ def init_sharded(init_fn: Callable[[], Any], mesh: Mesh, rules) -> tuple[Any, An
 
 
 def reshard(tree, shardings, donate: bool = False):
-  """Device-to-device copy of `tree` into `shardings` (possibly another mesh); never via host."""
-  return jax.device_put(tree, shardings, donate=donate)
+  """Device-to-device copy of `tree` into `shardings` (possibly another mesh); never via host.
+
+  Always a fresh buffer unless `donate`: when source and target shardings coincide, device_put
+  would otherwise alias, and a later donation of the source (the train step donates its state)
+  would delete the copy too.
+  """
+  return jax.device_put(tree, shardings, donate=donate, may_alias=None if donate else False)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
