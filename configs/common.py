@@ -40,4 +40,16 @@ def chat_task(tokenizer_dir: str, train_path: str, eval_paths: dict, reward: str
   return ConfigDict(dict(name="chat", tokenizer_dir=tokenizer_dir, train_path=train_path, eval_paths=eval_paths,
                          problem_key="problem", answer_key="answer", system_prompt="",
                          instruction_suffix=" Let's think step by step and output the final answer within \\boxed{}.",
-                         reward=reward, reward_workers=4, reward_timeout_s=10.0, max_train=0))
+                         reward=reward, reward_workers=4, reward_timeout_s=10.0, max_train=0,
+                         answer_after=""))  # e.g. "####" for GSM8K: the answer is what follows it
+
+
+def shrink_for_cpu(c: ConfigDict) -> None:
+  """The same pipeline at toy size: one window of two trainer steps, float32, a few short rollouts."""
+  c.model.update(dtype="float32", remat=False)
+  c.task.update(reward_workers=1, max_train=8)
+  c.trainer.micro_batches = 1
+  c.sampler.update(num_slots=8, max_prefill_length=256, max_new_tokens=8, dtype="float32", steps_per_sync=4)
+  c.loop.update(sync_every=2, num_syncs=1, batch_prompts=2, prompts_per_rollout=2, group_size=2, steps_per_rollout=1,
+                eval_every_syncs=1)
+  c.eval.update(num_prompts=2, samples=2, ks=(1, 2), max_new_tokens=8)

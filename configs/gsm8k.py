@@ -1,0 +1,35 @@
+"""A GSM8K-sized OAPL run for a small model: Qwen3-0.6B (default) or Qwen2.5-0.5B-Instruct.
+
+  python -m oapl_jax.main --config configs/gsm8k.py --workdir /runs/gsm8k \
+    --config.model.checkpoint=/ckpt/Qwen3-0.6B --config.task.tokenizer_dir=/ckpt/Qwen3-0.6B
+  python -m oapl_jax.main --config configs/gsm8k.py:qwen2.5 ...   # Qwen2.5-0.5B-Instruct
+  python -m oapl_jax.main --config configs/gsm8k.py:smoke ...     # shrunk to run on CPU
+
+GSM8K JSONL as distributed ({"question", "answer"} with the final answer after '####').
+Responses are short, so L is shorter than the paper's 50 and beta2 larger than its 1e-3.
+"""
+from ml_collections import ConfigDict
+
+from configs import common
+
+
+def get_config(arg: str = "") -> ConfigDict:
+  variant, _, size = arg.partition(",")
+  model = {"": "Qwen3-0.6B", "qwen3": "Qwen3-0.6B", "qwen2.5": "Qwen2.5-0.5B-Instruct", "smoke": "Qwen3-0.6B"}
+  if variant not in model:
+    raise ValueError(f"unknown variant {arg!r}; known: {sorted(model)}")
+  c = common.base_config()
+  c.model.update(checkpoint=f"~/models/{model[variant]}", dtype="bfloat16", remat=True)
+  c.task = common.chat_task(tokenizer_dir=f"~/models/{model[variant]}", train_path="~/data/gsm8k/train.jsonl",
+                            eval_paths={"gsm8k_test": "~/data/gsm8k/test.jsonl"})
+  c.task.update(problem_key="question", answer_key="answer", answer_after="####")
+  c.trainer.loss_config.update(beta1=1.0, beta2=1e-2)
+  c.trainer.optim.update(lr=1e-6, b1=0.9, b2=0.95, max_grad_norm=1.0)
+  c.trainer.micro_batches = 8
+  c.sampler.update(num_slots=256, max_prefill_length=512, max_new_tokens=1024, dtype="bfloat16")
+  c.loop.update(sync_every=20, num_syncs=25, batch_prompts=64, prompts_per_rollout=64, group_size=8,
+                steps_per_rollout=1, eval_every_syncs=5)
+  c.eval.update(num_prompts=1319, samples=4, ks=(1, 4), max_new_tokens=1024)
+  if variant == "smoke":
+    common.shrink_for_cpu(c)
+  return c

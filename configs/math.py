@@ -1,0 +1,42 @@
+"""The paper's math setting (OAPL §5.1): Qwen3-4B-Thinking-2507 on DeepScaleR, eval on AIME 25,
+HMMT 25 (Feb, Nov) and BRUMO 25.
+
+  python -m oapl_jax.main --config configs/math.py --workdir /runs/oapl-math \
+    --config.model.checkpoint=/ckpt/Qwen3-4B-Thinking-2507 --config.task.tokenizer_dir=/ckpt/Qwen3-4B-Thinking-2507
+  python -m oapl_jax.main --config configs/math.py:smoke ...   # same pipeline, shrunk to run on CPU
+
+Paper: beta1 = 1, beta2 = 1e-3, L = 50, G = 8, global batch 128, 2 batches per update, AdamW
+(0.9, 0.95), lr 1e-6, generation temperature 1.0, top-p 1.0, max 16384 tokens; eval temperature
+0.6, top-p 0.95, 16384 tokens, 10 samples per prompt, pass@{1,5,10}. We read "global batch 128,
+2 batches per update" as 128 prompts (x 8 samples) per rollout round feeding two optimizer steps
+of 64 prompts each (steps_per_rollout=2), as verl's train/mini-batch sizes do.
+The data files hold {"problem", "answer"} records (JSONL or Parquet) as the datasets are distributed.
+"""
+from ml_collections import ConfigDict
+
+from configs import common
+
+DATA = "~/data"  # edit, or override each path on the command line
+
+
+def get_config(arg: str = "") -> ConfigDict:
+  c = common.base_config()
+  c.model.update(checkpoint="~/models/Qwen3-4B-Thinking-2507", param_dtype="float32", dtype="bfloat16", remat=True)
+  c.task = common.chat_task(
+      tokenizer_dir="~/models/Qwen3-4B-Thinking-2507", train_path=f"{DATA}/deepscaler/train.jsonl",
+      eval_paths={"aime25": f"{DATA}/aime25.jsonl", "hmmt25_feb": f"{DATA}/hmmt25_feb.jsonl",
+                  "hmmt25_nov": f"{DATA}/hmmt25_nov.jsonl", "brumo25": f"{DATA}/brumo25.jsonl"})
+  c.trainer.loss_config.update(beta1=1.0, beta2=1e-3)
+  c.trainer.optim.update(lr=1e-6, b1=0.9, b2=0.95, max_grad_norm=1.0)
+  c.trainer.micro_batches = 32  # 64 prompts x 8 samples per step, accumulated over 32 micro-batches
+  c.sampler.update(num_slots=256, max_prefill_length=2048, max_new_tokens=16384, temperature=1.0, top_p=1.0,
+                   dtype="bfloat16", steps_per_sync=64)
+  c.loop.update(sync_every=50, num_syncs=20, batch_prompts=64, prompts_per_rollout=128, group_size=8,
+                steps_per_rollout=2, eval_every_syncs=2)
+  c.eval.update(samples=10, ks=(1, 5, 10), temperature=0.6, top_p=0.95, max_new_tokens=16384)
+  c.mesh.update(trainer_ici=(1, -1, 1), sampler_ici=(1, 1, -1), sampler_devices=0)
+  if arg == "smoke":
+    common.shrink_for_cpu(c)
+  elif arg:
+    raise ValueError(f"unknown variant {arg!r}; known: '' (paper), 'smoke'")
+  return c

@@ -1,0 +1,138 @@
+"""Train-step throughput: our jitted OAPL step vs the same step in PyTorch + transformers.
+
+    python -m oapl_jax.benchmarks.train_bench                 # B=8 prompts x G=8, T=128, tiny Qwen3
+    python -m oapl_jax.benchmarks.train_bench --batch 4 --seq_len 256 --rounds 5
+    python -m oapl_jax.benchmarks.train_bench --single_thread   # both on one CPU thread (busy machines)
+
+Both sides start from the same tiny random Qwen3 checkpoint (written with transformers) and run
+the same batch: policy log-probs at the sampler temperature, the OAPL loss (Eq. 2-3), global-norm
+clipping and AdamW. After warm-up, rounds of `--steps` steps alternate between the two (fair on
+a shared machine); the median step time per side gives tokens/s (every position fed to the
+model) and the ratio. The first-step losses are printed as a check that both compute one thing.
+A benchmark, not a test.
+"""
+import argparse
+import os
+import tempfile
+import time
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+from oapl_jax import objectives, parallel
+from oapl_jax.models import hf
+from oapl_jax.rl import trainer
+from oapl_jax.rl.optim import OptimConfig
+
+BETA1, BETA2, LR, MAX_GRAD_NORM = 1.0, 1e-3, 1e-5, 1.0
+
+
+def make_batch(B, G, T, vocab, seed=0, prompt_len=16):
+  rng = np.random.default_rng(seed)
+  seq = rng.integers(0, vocab, (B, G, T + 1)).astype(np.int32)
+  resp_len_BxG = rng.integers(T // 2, T - prompt_len + 2, (B, G))
+  t = np.arange(T)
+  mask = (t >= prompt_len - 1) & (t < prompt_len - 1 + resp_len_BxG[..., None])
+  return {
+      "tokens": seq[..., :-1], "targets": seq[..., 1:],
+      "positions": np.broadcast_to(t, (B, G, T)).astype(np.int32),
+      "response_mask": mask.astype(np.float32),
+      "sampler_token_logp": np.where(mask, -rng.uniform(4.0, 7.0, mask.shape), 0.0).astype(np.float32),
+      "rewards": rng.integers(0, 2, (B, G)).astype(np.float32),
+  }
+
+
+def torch_step_fn(model, batch, temperature):
+  """The same OAPL step written with PyTorch: returns step() -> loss (float)."""
+  B, G, T = batch["tokens"].shape
+  tt = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+  tokens, targets, positions = (tt[k].reshape(B * G, T).long() for k in ("tokens", "targets", "positions"))
+  mask, sampler, rewards = tt["response_mask"], tt["sampler_token_logp"], tt["rewards"]
+  opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+  def step():
+    logits = model(input_ids=tokens, position_ids=positions).logits.float() / temperature
+    logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0].reshape(B, G, T)
+    seq_policy, seq_sampler = (logp * mask).sum(-1), (sampler * mask).sum(-1)
+    v_star = BETA1 * (torch.logsumexp(rewards / BETA1, -1) - np.log(G))
+    loss = ((BETA2 * (seq_policy - seq_sampler) - (rewards - v_star[:, None])) ** 2).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+    opt.step()
+    return loss.item()
+
+  return step
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--batch", type=int, default=8, help="prompts B")
+  ap.add_argument("--group", type=int, default=8, help="samples per prompt G")
+  ap.add_argument("--seq_len", type=int, default=128, help="positions T")
+  ap.add_argument("--steps", type=int, default=3, help="steps per timed round")
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--temperature", type=float, default=1.0)
+  ap.add_argument("--single_thread", action="store_true", help="one CPU thread for XLA and torch")
+  args = ap.parse_args()
+  if args.single_thread:  # before JAX starts its backend
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+                               " intra_op_parallelism_threads=1").strip()
+    torch.set_num_threads(1)
+
+  hf_cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    rope_theta=10000.0, tie_word_embeddings=False)
+  torch.manual_seed(0)
+  with tempfile.TemporaryDirectory() as ckpt:
+    transformers.Qwen3ForCausalLM(hf_cfg).save_pretrained(ckpt)
+    torch_model = transformers.Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
+    mesh = parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    model_config, params = hf.load(ckpt, mesh=mesh, dtype="float32")
+
+  batch = make_batch(args.batch, args.group, args.seq_len, hf_cfg.vocab_size)
+  config = trainer.TrainConfig(
+      loss="oapl", loss_config=objectives.LossConfig(beta1=BETA1, beta2=BETA2), temperature=args.temperature,
+      optim=OptimConfig(lr=LR, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=MAX_GRAD_NORM))
+  state = trainer.create_train_state(config, model_config, params, mesh)
+  train_step = trainer.make_train_step(config, model_config, mesh)
+  batch_dev = jax.device_put(batch, trainer.batch_sharding(mesh))
+  rng = jax.random.PRNGKey(0)
+
+  def jax_steps(state, n):
+    for _ in range(n):
+      state, metrics = train_step(state, batch_dev, rng)
+    jax.block_until_ready(state)
+    return state, metrics
+
+  torch_step = torch_step_fn(torch_model, batch, args.temperature)
+  state, metrics = jax_steps(state, 1)  # compile + first step; loss is at the shared initial params
+  jax_loss0, torch_loss0 = float(metrics["loss"]), torch_step()
+  state, _ = jax_steps(state, 1)
+  torch_step()
+
+  jax_times, torch_times = [], []
+  for _ in range(args.rounds):
+    t0 = time.perf_counter()
+    state, _ = jax_steps(state, args.steps)
+    jax_times.append((time.perf_counter() - t0) / args.steps)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+      torch_step()
+    torch_times.append((time.perf_counter() - t0) / args.steps)
+
+  B, G, T = batch["tokens"].shape
+  tokens, response_tokens = B * G * T, int(batch["response_mask"].sum())
+  jax_s, torch_s = float(np.median(jax_times)), float(np.median(torch_times))
+  print(f"batch B={B} x G={G} x T={T} ({tokens} positions, {response_tokens} response tokens); "
+        f"jax devices: {jax.devices()[0].platform} x1, torch threads: {torch.get_num_threads()}")
+  print(f"first-step loss: jax {jax_loss0:.6f}  torch {torch_loss0:.6f}")
+  print(f"jax   (oapl_jax jit step):       {jax_s * 1e3:8.1f} ms/step  {tokens / jax_s:10.0f} tokens/s")
+  print(f"torch (transformers + AdamW):    {torch_s * 1e3:8.1f} ms/step  {tokens / torch_s:10.0f} tokens/s")
+  print(f"speed-up jax / torch: {torch_s / jax_s:.2f}x")
+
+
+if __name__ == "__main__":
+  main()

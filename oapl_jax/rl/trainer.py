@@ -1,0 +1,248 @@
+"""Trainer state and the jitted train step: (state, batch, rng) -> (state, metrics).
+
+    config = TrainConfig(loss="oapl", loss_config=objectives.LossConfig(beta1=1.0, beta2=1e-3),
+                         optim=OptimConfig(lr=1e-6, b2=0.95), micro_batches=2, temperature=1.0)
+    state = create_train_state(config, model_config, params, mesh)
+    train_step = make_train_step(config, model_config, mesh)
+    state, metrics = train_step(state, batch, rng)   # batch: dict of [B, G, T] / [B, G] arrays
+
+Batch (right-padded, B prompts x G samples x T positions): tokens, targets, positions (int32
+[B,G,T]; targets are the next tokens), response_mask (float32 [B,G,T], 1 where the target is a
+response token), sampler_token_logp (float32 [B,G,T], aligned with targets), rewards (float32
+[B,G]); GRPO may add old_policy_token_logp [B,G,T].
+
+Policy log-probs are taken at the sampler's temperature (log_softmax(logits / T)), as the
+official OAPL code does. Master weights stay in model_config.param_dtype; the loss casts them
+to model_config.dtype (e.g. bfloat16) so the forward and backward run in the compute dtype
+while gradients and the optimizer state stay in the master dtype.
+"""
+import dataclasses
+import functools
+from typing import Any, Mapping, Optional
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from oapl_jax import objectives, parallel
+from oapl_jax.models import qwen
+from oapl_jax.models.config import QwenConfig
+from oapl_jax.rl.optim import OptimConfig, make_optimizer, make_schedule
+
+Batch = Mapping[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  loss: str = "oapl"  # a name in objectives.LOSSES
+  loss_config: objectives.LossConfig = objectives.LossConfig()
+  optim: OptimConfig = OptimConfig()
+  micro_batches: int = 1  # gradient accumulation: the batch is split along B into this many
+  temperature: float = 1.0  # the sampler's temperature; policy log-probs use logits / temperature
+
+  def __post_init__(self):
+    if self.loss not in objectives.LOSSES:
+      raise ValueError(f"TrainConfig.loss={self.loss!r}; known losses: {sorted(objectives.LOSSES)}")
+    if self.micro_batches < 1:
+      raise ValueError(f"TrainConfig.micro_batches={self.micro_batches} must be >= 1")
+    if not self.temperature > 0:
+      raise ValueError(f"TrainConfig.temperature={self.temperature} must be > 0")
+
+  @classmethod
+  def from_config(cls, cfg: Mapping[str, Any]) -> "TrainConfig":
+    """From a ConfigDict/dict: top-level fields plus optional `loss_config` and `optim` sub-dicts."""
+    values = dict(cfg.items())
+    values["loss_config"] = _build(objectives.LossConfig, values.get("loss_config"), "loss_config")
+    values["optim"] = _build(OptimConfig, values.get("optim"), "optim")
+    return _build(cls, values, "trainer")
+
+
+def _build(kind, values: Optional[Mapping[str, Any]], where: str):
+  values = dict(values.items()) if values is not None else {}
+  unknown = set(values) - {f.name for f in dataclasses.fields(kind)}
+  if unknown:
+    raise ValueError(f"{where}: unknown settings {sorted(unknown)} for {kind.__name__}")
+  return kind(**values)
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar: optimizer updates applied so far
+  params: Any
+  opt_state: optax.OptState
+
+
+# ------------------------------------------------------------------------------ shardings
+def batch_sharding(mesh: Mesh, rules=parallel.DEFAULT_RULES) -> NamedSharding:
+  """Leading (prompt) axis over the logical 'batch' axes; a prefix for every batch array."""
+  return parallel.logical_to_sharding(P("batch"), mesh, rules)
+
+
+def state_shardings(config: TrainConfig, model_config: QwenConfig, mesh: Mesh,
+                    rules=parallel.DEFAULT_RULES) -> TrainState:
+  """TrainState of NamedShardings: params from their logical axes, optimizer moments alike."""
+  params_sh = parallel.logical_to_sharding(qwen.param_logical_axes(model_config), mesh, rules)
+  abstract_params = jax.eval_shape(lambda: nn.unbox(qwen.init_params(model_config, jax.random.PRNGKey(0))))
+  tx = make_optimizer(config.optim)
+  replicated = parallel.replicated(mesh)
+  opt_sh = optax.tree_map_params(tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, abstract_params),
+                                 params_sh, transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=params_sh, opt_state=opt_sh)
+
+
+def create_train_state(config: TrainConfig, model_config: QwenConfig, params, mesh: Optional[Mesh] = None,
+                       rules=parallel.DEFAULT_RULES) -> TrainState:
+  """Step 0 state on `mesh` (default: the mesh `params` live on); params cast to param_dtype.
+
+  `params` are copied device-to-device into the trainer's shardings and not donated (the caller
+  may still hold them, e.g. as the sampler's snapshot).
+  """
+  if mesh is None:
+    sharding = jax.tree.leaves(params)[0].sharding
+    if not isinstance(sharding, NamedSharding):
+      raise ValueError("params are not on a mesh (no NamedSharding); pass `mesh` explicitly")
+    mesh = sharding.mesh
+  shardings = state_shardings(config, model_config, mesh, rules)
+  params = parallel.reshard(params, shardings.params)
+  tx = make_optimizer(config.optim)
+
+  def init(params):
+    params = jax.tree.map(lambda p: p.astype(model_config.jnp_param_dtype), params)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  return jax.jit(init, in_shardings=(shardings.params,), out_shardings=shardings)(params)
+
+
+# ------------------------------------------------------------------------------ loss
+def _policy_logp(config: TrainConfig, model_config: QwenConfig, params, batch: Batch, with_entropy: bool):
+  """Policy per-token log-probs [B,G,T] (and entropies) at the sampler's temperature."""
+  params = jax.tree.map(lambda p: p.astype(model_config.jnp_dtype), params)  # master -> compute dtype
+  B, G, T = batch["tokens"].shape
+  flat = lambda x: x.reshape(B * G, T)  # noqa: E731
+  out = qwen.token_logprobs(params, model_config, flat(batch["tokens"]), flat(batch["targets"]),
+                            flat(batch["positions"]), temperature=config.temperature, with_entropy=with_entropy)
+  return jax.tree.map(lambda x: x.reshape(B, G, T), out)
+
+
+def _loss_and_sums(config: TrainConfig, model_config: QwenConfig, params, batch: Batch):
+  """(loss, (loss metrics, additive token/sequence sums)) for one (micro-)batch."""
+  logp_BxGxT, entropy_BxGxT = _policy_logp(config, model_config, params, batch, with_entropy=True)
+  loss, loss_metrics = objectives.compute_loss(config.loss, logp_BxGxT, batch, config.loss_config)
+
+  mask_BxGxT = batch["response_mask"].astype(bool)
+  diff_BxGxT = jnp.where(mask_BxGxT, jax.lax.stop_gradient(logp_BxGxT)
+                         - batch["sampler_token_logp"].astype(jnp.float32), 0.0)
+  seq_diff_BxG = jnp.sum(diff_BxGxT, axis=-1)
+  has_tokens_BxG = jnp.any(mask_BxGxT, axis=-1)
+  sums = {
+      "tokens": jnp.sum(mask_BxGxT, dtype=jnp.float32),
+      "sequences": jnp.sum(has_tokens_BxG, dtype=jnp.float32),
+      "entropy": jnp.sum(jnp.where(mask_BxGxT, jax.lax.stop_gradient(entropy_BxGxT), 0.0)),
+      "token_log_ratio": jnp.sum(diff_BxGxT),
+      "token_log_ratio_abs": jnp.sum(jnp.abs(diff_BxGxT)),
+      "seq_log_ratio": jnp.sum(jnp.where(has_tokens_BxG, seq_diff_BxG, 0.0)),
+      "seq_log_ratio_abs": jnp.sum(jnp.where(has_tokens_BxG, jnp.abs(seq_diff_BxG), 0.0)),
+  }
+  return loss, (loss_metrics, sums)
+
+
+def _finish_metrics(loss, loss_metrics, sums) -> dict[str, jax.Array]:
+  per_token = lambda name: sums[name] / jnp.maximum(sums["tokens"], 1.0)  # noqa: E731
+  per_seq = lambda name: sums[name] / jnp.maximum(sums["sequences"], 1.0)  # noqa: E731
+  return {
+      "loss": loss, **loss_metrics, "tokens": sums["tokens"], "entropy": per_token("entropy"),
+      "token_log_ratio_mean": per_token("token_log_ratio"),
+      "token_log_ratio_abs_mean": per_token("token_log_ratio_abs"),
+      "seq_log_ratio_mean": per_seq("seq_log_ratio"), "seq_log_ratio_abs_mean": per_seq("seq_log_ratio_abs"),
+  }
+
+
+# ------------------------------------------------------------------------------ micro-batches
+def _split(batch: Batch, micro_batches: int, mesh: Mesh, rules) -> Batch:
+  """[B, ...] -> [M, B/M, ...], micro-batch m = rows m, m+M, m+2M, ...
+
+  Strided, so with B sharded in contiguous blocks every micro-batch stays spread over all batch
+  shards (the reshape moves no data).
+  """
+  B = batch["tokens"].shape[0]
+  if B % micro_batches:
+    raise ValueError(f"batch of {B} prompts does not split into micro_batches={micro_batches}")
+  sharding = parallel.logical_to_sharding(P(None, "batch"), mesh, rules)
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
+      x.reshape(B // micro_batches, micro_batches, *x.shape[1:]).swapaxes(0, 1), sharding), batch)
+
+
+def _merge(x_MxBm):
+  """Inverse of `_split` for one array: [M, B/M, ...] -> [B, ...]."""
+  return x_MxBm.swapaxes(0, 1).reshape(-1, *x_MxBm.shape[2:])
+
+
+def _grads_and_metrics(grad_fn, params, batch: Batch, micro_batches: int, mesh: Mesh, rules):
+  """Gradient of the mean micro-batch loss; equal to one big batch for losses that are means over
+  prompts (OAPL: V* is per prompt and a micro-batch holds whole groups)."""
+  if micro_batches == 1:
+    (loss, (loss_metrics, sums)), grads = grad_fn(params, batch)
+    return grads, _finish_metrics(loss, loss_metrics, sums)
+  mbs = _split(batch, micro_batches, mesh, rules)
+
+  def body(acc, mb):
+    (loss, aux), grads = grad_fn(params, mb)
+    return jax.tree.map(jnp.add, acc, (grads, loss, aux)), None
+
+  first_mb = jax.tree.map(lambda x: x[0], mbs)
+  abstract = jax.eval_shape(lambda p, mb: (lambda out: (out[1], *out[0]))(grad_fn(p, mb)), params, first_mb)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), abstract)
+  (grads, loss, (loss_metrics, sums)), _ = jax.lax.scan(body, zeros, mbs)
+  mean = lambda tree: jax.tree.map(lambda x: x / micro_batches, tree)  # noqa: E731
+  return mean(grads), _finish_metrics(mean(loss), mean(loss_metrics), sums)
+
+
+# ------------------------------------------------------------------------------ jitted entry points
+def make_train_step(config: TrainConfig, model_config: QwenConfig, mesh: Mesh, rules=parallel.DEFAULT_RULES):
+  """The train step, jitted once with explicit shardings; the state argument is donated.
+
+  Metrics (replicated scalars): loss and the loss's own metrics, grad_norm (before clipping),
+  learning_rate (used for this update), tokens (response tokens), entropy (mean per response
+  token), token_/seq_log_ratio_[abs_]mean (policy - sampler log-probs over response tokens /
+  sequences). Losses' own metrics are means over micro-batches; the rest are exact.
+  """
+  tx = make_optimizer(config.optim)
+  schedule = make_schedule(config.optim)
+  state_sh = state_shardings(config, model_config, mesh, rules)
+  grad_fn = jax.value_and_grad(functools.partial(_loss_and_sums, config, model_config), has_aux=True)
+
+  def train_step(state: TrainState, batch: Batch, rng: jax.Array):
+    del rng  # the losses are deterministic; kept so every step has the same signature
+    with mesh, nn.logical_axis_rules(rules):
+      grads, metrics = _grads_and_metrics(grad_fn, state.params, batch, config.micro_batches, mesh, rules)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  replicated = parallel.replicated(mesh)
+  return jax.jit(train_step, in_shardings=(state_sh, batch_sharding(mesh, rules), replicated),
+                 out_shardings=(state_sh, replicated), donate_argnums=0)
+
+
+def make_score_fn(config: TrainConfig, model_config: QwenConfig, mesh: Mesh, rules=parallel.DEFAULT_RULES):
+  """score_logprobs(params, batch) -> policy per-token log-probs [B,G,T], 0 off the response.
+
+  Same temperature, compute dtype and micro-batching as the train step (for evaluation and for
+  GRPO's old_policy_token_logp).
+  """
+  def score_logprobs(params, batch: Batch):
+    logp = functools.partial(_policy_logp, config, model_config, params, with_entropy=False)
+    with mesh, nn.logical_axis_rules(rules):
+      if config.micro_batches == 1:
+        logp_BxGxT = logp(batch)
+      else:
+        logp_BxGxT = _merge(jax.lax.map(logp, _split(batch, config.micro_batches, mesh, rules)))
+    return jnp.where(batch["response_mask"].astype(bool), logp_BxGxT, 0.0)
+
+  params_sh = state_shardings(config, model_config, mesh, rules).params
+  batch_sh = batch_sharding(mesh, rules)
+  return jax.jit(score_logprobs, in_shardings=(params_sh, batch_sh), out_shardings=batch_sh)

@@ -1,0 +1,159 @@
+"""Trainer: sharded == single device, gradient accumulation == one batch, loss vs numpy, schedule."""
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from oapl_jax import objectives, parallel
+from oapl_jax.models import qwen
+from oapl_jax.models.config import QwenConfig
+from oapl_jax.rl import trainer
+from oapl_jax.rl.optim import OptimConfig, make_schedule
+
+CONFIG = QwenConfig.tiny()
+
+
+def _one_device_mesh():
+  return parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+
+
+def _params(config=CONFIG, seed=0):
+  params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(seed)),
+                                    _one_device_mesh(), parallel.DEFAULT_RULES)
+  return params
+
+
+def _batch(B, G, T, seed=0, prompt_len=4, vocab=CONFIG.vocab_size):
+  """Right-padded [B,G,T] batch: prompt, response of random length (>= 1 token), padding."""
+  rng = np.random.default_rng(seed)
+  seq = rng.integers(0, vocab, (B, G, T + 1)).astype(np.int32)
+  resp_len_BxG = rng.integers(1, T - prompt_len + 2, (B, G))
+  t = np.arange(T)
+  mask = (t >= prompt_len - 1) & (t < prompt_len - 1 + resp_len_BxG[..., None])
+  return {
+      "tokens": seq[..., :-1], "targets": seq[..., 1:],
+      "positions": np.broadcast_to(t, (B, G, T)).astype(np.int32),
+      "response_mask": mask.astype(np.float32),
+      "sampler_token_logp": np.where(mask, -rng.uniform(4.0, 7.0, mask.shape), 0.0).astype(np.float32),
+      "rewards": rng.integers(0, 2, (B, G)).astype(np.float32),
+  }
+
+
+def _run(config, model_config, params, mesh, batches):
+  state = trainer.create_train_state(config, model_config, params, mesh)
+  step = trainer.make_train_step(config, model_config, mesh)
+  metrics = []
+  for batch in batches:
+    state, m = step(state, batch, jax.random.PRNGKey(0))
+    metrics.append(jax.device_get(m))
+  return state, metrics
+
+
+def _assert_trees_close(a, b, atol):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0), a, b)
+
+
+TRAIN = trainer.TrainConfig(loss_config=objectives.LossConfig(beta1=0.5, beta2=0.05), temperature=0.7,
+                            optim=OptimConfig(lr=1e-3, eps=1e-6, weight_decay=0.01, max_grad_norm=1.0))
+
+
+def test_sharded_step_matches_one_device():
+  params = _params()
+  batches = [_batch(4, 2, 16, seed=s) for s in (1, 2)]
+  mesh8 = parallel.make_mesh((1, 4, 2))
+  state1, metrics1 = _run(TRAIN, CONFIG, params, _one_device_mesh(), batches)
+  state8, metrics8 = _run(TRAIN, CONFIG, params, mesh8, batches)
+
+  emb = state8.params["embed"]["embedding"]
+  assert emb.sharding.spec == P("tensor", "fsdp")
+  assert len(emb.addressable_shards) == 8 and emb.addressable_shards[0].data.shape == (128, 16)
+  moments = [x for x in jax.tree.leaves(state8.opt_state) if x.shape == emb.shape]
+  assert len(moments) == 2 and all(m.sharding == emb.sharding for m in moments)  # mu, nu
+
+  assert int(state8.step) == 2
+  _assert_trees_close(state8.params, state1.params, atol=1e-5)
+  moved = jax.tree.map(lambda a, b: np.max(np.abs(np.asarray(a) - np.asarray(b))), state8.params, params)
+  assert min(jax.tree.leaves(moved)) > 1e-4  # every parameter actually took the steps
+  for m1, m8 in zip(metrics1, metrics8):
+    for name in ("loss", "grad_norm", "entropy", "token_log_ratio_mean", "seq_log_ratio_abs_mean"):
+      np.testing.assert_allclose(m8[name], m1[name], rtol=1e-5, err_msg=name)
+
+
+def test_gradient_accumulation_matches_one_batch():
+  params = _params(seed=1)
+  batch = _batch(16, 2, 16, seed=3)
+  mesh8 = parallel.make_mesh((1, 4, 2))
+  state_big, (m_big,) = _run(TRAIN, CONFIG, params, mesh8, [batch])
+  accum = dataclasses.replace(TRAIN, micro_batches=4)
+  state_acc, (m_acc,) = _run(accum, CONFIG, params, mesh8, [batch])
+  _assert_trees_close(state_acc.params, state_big.params, atol=1e-5)
+  for name in ("loss", "grad_norm", "tokens", "entropy", "token_log_ratio_abs_mean", "seq_log_ratio_mean"):
+    np.testing.assert_allclose(m_acc[name], m_big[name], rtol=1e-5, err_msg=name)
+
+
+def _reference(params, batch, temperature, beta1, beta2):
+  """float64 numpy: per-token logp at temperature, entropy, and the OAPL loss (Eq. 2-3)."""
+  B, G, T = batch["tokens"].shape
+  logits = np.asarray(qwen.logits(params, CONFIG, batch["tokens"].reshape(B * G, T),
+                                  batch["positions"].reshape(B * G, T)), np.float64) / temperature
+  z = logits - logits.max(-1, keepdims=True)
+  logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  logp = np.take_along_axis(logq, batch["targets"].reshape(B * G, T, 1), -1).reshape(B, G, T)
+  entropy = -(np.exp(logq) * logq).sum(-1).reshape(B, G, T)
+  mask = batch["response_mask"].astype(bool)
+  seq_policy = np.where(mask, logp, 0).sum(-1)
+  seq_sampler = np.where(mask, batch["sampler_token_logp"], 0).sum(-1).astype(np.float64)
+  r = batch["rewards"].astype(np.float64)
+  v = beta1 * np.log(np.mean(np.exp(r / beta1), axis=-1))
+  loss = np.mean((beta2 * (seq_policy - seq_sampler) - (r - v[:, None])) ** 2)
+  return np.where(mask, logp, 0), entropy[mask].mean(), loss
+
+
+def test_first_loss_entropy_and_scores_match_numpy():
+  params = _params(seed=2)
+  batch = _batch(4, 3, 12, seed=4)
+  logp_ref, entropy_ref, loss_ref = _reference(params, batch, 0.7, 0.5, 0.05)
+  config = dataclasses.replace(TRAIN, micro_batches=2)
+  mesh = _one_device_mesh()
+  _, (metrics,) = _run(config, CONFIG, params, mesh, [batch])
+  np.testing.assert_allclose(metrics["loss"], loss_ref, rtol=1e-5)
+  np.testing.assert_allclose(metrics["entropy"], entropy_ref, rtol=1e-5)
+  mask = batch["response_mask"].astype(bool)
+  np.testing.assert_allclose(metrics["tokens"], mask.sum())
+  np.testing.assert_allclose(metrics["token_log_ratio_mean"],
+                             (logp_ref - batch["sampler_token_logp"])[mask].mean(), rtol=1e-5)
+  logp = trainer.make_score_fn(config, CONFIG, mesh)(params, batch)
+  np.testing.assert_allclose(np.asarray(logp), logp_ref, atol=1e-5)
+
+
+def test_schedules():
+  cosine = make_schedule(OptimConfig(lr=1e-3, schedule="cosine", warmup_ratio=0.1, min_ratio=0.05, total_steps=100))
+  # warmup 10 steps linear from 0; cosine over steps 10..100 down to 0.05 * lr, then flat.
+  for step, want in [(0, 0.0), (5, 5e-4), (10, 1e-3), (55, 1e-3 * (0.05 + 0.95 * 0.5)),
+                     (100, 5e-5), (150, 5e-5)]:
+    np.testing.assert_allclose(float(cosine(step)), want, rtol=1e-6, atol=1e-12, err_msg=f"step {step}")
+  assert float(make_schedule(OptimConfig(lr=3e-4))(1234)) == pytest.approx(3e-4)
+  with pytest.raises(ValueError, match="total_steps"):
+    OptimConfig(schedule="cosine")
+
+
+def test_bf16_compute_keeps_float32_master_params():
+  config = CONFIG.replace(dtype="bfloat16", param_dtype="float32")
+  params = _params(config)
+  state, (metrics,) = _run(TRAIN, config, params, _one_device_mesh(), [_batch(2, 2, 16, seed=5)])
+  assert np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])
+  chex.assert_trees_all_equal_dtypes(state.params, jax.tree.map(lambda p: p.astype(jnp.float32), params))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.opt_state) if x.ndim > 0)
+
+
+def test_from_config_rejects_unknown_settings():
+  cfg = trainer.TrainConfig.from_config(ml_collections.ConfigDict(
+      {"loss": "grpo", "micro_batches": 2, "optim": {"lr": 2e-6}, "loss_config": {"beta2": 0.5}}))
+  assert cfg.loss == "grpo" and cfg.micro_batches == 2 and cfg.optim.lr == 2e-6 and cfg.loss_config.beta2 == 0.5
+  with pytest.raises(ValueError, match="unknown settings"):
+    trainer.TrainConfig.from_config({"optim": {"learning_rate": 1e-6}})
