@@ -27,7 +27,7 @@ def get_config(arg: str = "") -> ConfigDict:
 
   c.sampler.update(num_slots=128, max_prefill_length=8, max_new_tokens=6, temperature=1.0, top_p=1.0,
                    steps_per_sync=8)
-  c.loop.update(sync_every=10, num_syncs=8, batch_prompts=16, prompts_per_rollout=32, group_size=8,
+  c.loop.update(sync_every=10, num_syncs=12, batch_prompts=16, prompts_per_rollout=32, group_size=8,
                 steps_per_rollout=4, eval_every_syncs=2)
   c.eval.update(num_prompts=256, samples=4, ks=(1, 4), temperature=0.6, top_p=0.95, max_new_tokens=6)
   c.checkpoint.every_syncs = 2

@@ -5,6 +5,8 @@ list absorbs whatever devices are left. Models name their axes logically ('embed
 'activation_batch', ...); the rules below map those names onto mesh axes, and configs may
 override them.
 """
+import contextlib
+import contextvars
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -84,6 +86,31 @@ def logical_to_sharding(logical_specs, mesh: Mesh, rules) -> Any:
   mesh_specs = nn.logical_to_mesh(logical_specs, rules)
   return jax.tree.map(lambda spec: NamedSharding(mesh, spec), mesh_specs,
                       is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+# (mesh, rules) for activation constraints while tracing; per thread, so the sampler thread and
+# the trainer thread each trace with their own mesh.
+_ACTIVATION_SHARDING = contextvars.ContextVar("activation_sharding", default=None)
+
+
+@contextlib.contextmanager
+def sharding_context(mesh: Mesh, rules):
+  """Trace model code under `mesh` + `rules`: activation constraints (`constrain`) take effect."""
+  token = _ACTIVATION_SHARDING.set((mesh, tuple(rules)))
+  try:
+    with mesh, nn.logical_axis_rules(rules):
+      yield
+  finally:
+    _ACTIVATION_SHARDING.reset(token)
+
+
+def constrain(x, logical_names: Sequence[Optional[str]]):
+  """Sharding constraint from logical axis names; a no-op outside `sharding_context`."""
+  ctx = _ACTIVATION_SHARDING.get()
+  if ctx is None:
+    return x
+  mesh, rules = ctx
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, nn.logical_to_mesh_axes(logical_names, rules)))
 
 
 def init_sharded(init_fn: Callable[[], Any], mesh: Mesh, rules) -> tuple[Any, Any]:

@@ -27,3 +27,27 @@ def make_hf_checkpoint(path, family: str = "qwen3", tie: bool = False, seed: int
   model = make_hf_model(family, tie, seed, **overrides)
   model.save_pretrained(str(path))
   return model
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def make_chat_tokenizer(path, corpus=("What is 1+1? The answer is \\boxed{2}.",)):
+  """A byte-level BPE tokenizer (any text encodes) with a Qwen-style chat template, saved to `path`.
+
+  Its vocabulary is 256 bytes + a few merges + 3 specials (< 300 ids).
+  """
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, trainers
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+  tok.train_from_iterator(list(corpus) * 4, trainers.BpeTrainer(
+      vocab_size=290, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                            additional_special_tokens=["<|im_start|>"])
+  hf.chat_template = CHAT_TEMPLATE
+  hf.save_pretrained(str(path))
+  return hf

@@ -93,8 +93,12 @@ def test_sharded_forward_equals_single_device(checkpoint):
   assert q_kernel.addressable_shards[0].data.shape == (2, 16, 2, 16)
   tokens = np.random.RandomState(3).randint(0, config.vocab_size, (4, 8))
   rules = parallel.DEFAULT_RULES
-  with mesh, nn.logical_axis_rules(rules):  # activation constraints active, as in training
-    sharded = jax.jit(lambda p, t: qwen.logits(p, config, t))(params_8, tokens)
+  with parallel.sharding_context(mesh, rules):  # activation constraints active, as in training
+    forward = jax.jit(lambda p, t: qwen.logits(p, config, t))
+    hlo = forward.lower(params_8, tokens).as_text()
+    sharded = forward(params_8, tokens)
+  # Activations constrained: the embedding output, plus q, the MLP hidden and the residual in the scanned layer.
+  assert hlo.count("sdy.sharding_constraint") >= 4
   single = qwen.logits(params_1, config, tokens)
   np.testing.assert_allclose(np.asarray(sharded), np.asarray(single), rtol=1e-5, atol=1e-5)
 

@@ -17,9 +17,10 @@ def build_model(cfg: Mapping[str, Any], mesh, rules, seed: int):
   """
   dtypes = dict(param_dtype=cfg["param_dtype"], dtype=cfg["dtype"], remat=cfg["remat"])
   if cfg["checkpoint"]:
-    if not os.path.isdir(cfg["checkpoint"]):
-      raise FileNotFoundError(f"config field model.checkpoint: {cfg['checkpoint']} is not a directory")
-    return hf.load(cfg["checkpoint"], mesh=mesh, dtype=cfg["param_dtype"], compute_dtype=cfg["dtype"],
+    path = os.path.expanduser(cfg["checkpoint"])
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"config field model.checkpoint: {path} is not a directory")
+    return hf.load(path, mesh=mesh, dtype=cfg["param_dtype"], compute_dtype=cfg["dtype"],
                    rules=rules, remat=cfg["remat"])
   config: QwenConfig = preset(cfg["preset"], **dict(cfg["overrides"]), **dtypes)
   params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(seed)), mesh, rules)

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from oapl_jax import parallel
 from oapl_jax.models.config import QwenConfig
 
 Array = jax.Array
@@ -35,7 +36,7 @@ CACHE_LOGICAL_AXES = KVCache(*(("layers", "cache_batch", "cache_length", "cache_
 
 
 def _constrain(x, names):
-  return nn.with_logical_constraint(x, names)
+  return parallel.constrain(x, names)
 
 
 class RMSNorm(nn.Module):

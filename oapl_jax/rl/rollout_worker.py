@@ -89,7 +89,8 @@ class RolloutWorker(threading.Thread):
       groups = rollout.generate_groups(
           self.sampler, self.sampler.params, [p.prompt_tokens for p in problems], self.group_size,
           seed=int(np.random.default_rng([self.seed, w.version, chunk]).integers(2**31)),
-          prompt_ids=list(range(position, position + len(problems))), **self.sampling)
+          prompt_ids=list(range(position, position + len(problems))), stop_tokens=[self.task.tokenizer.eos_id],
+          **self.sampling)
       rewards_PxG, result = evaluation.score_groups(self.task, problems, groups)
       if groups.snapshot_version != w.version:
         raise RuntimeError(f"sampler is at version {groups.snapshot_version}, window expects {w.version}")

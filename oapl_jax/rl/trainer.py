@@ -216,7 +216,7 @@ def make_train_step(config: TrainConfig, model_config: QwenConfig, mesh: Mesh, r
 
   def train_step(state: TrainState, batch: Batch, rng: jax.Array):
     del rng  # the losses are deterministic; kept so every step has the same signature
-    with mesh, nn.logical_axis_rules(rules):
+    with parallel.sharding_context(mesh, rules):
       grads, metrics = _grads_and_metrics(grad_fn, state.params, batch, config.micro_batches, mesh, rules)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -236,7 +236,7 @@ def make_score_fn(config: TrainConfig, model_config: QwenConfig, mesh: Mesh, rul
   """
   def score_logprobs(params, batch: Batch):
     logp = functools.partial(_policy_logp, config, model_config, params, with_entropy=False)
-    with mesh, nn.logical_axis_rules(rules):
+    with parallel.sharding_context(mesh, rules):
       if config.micro_batches == 1:
         logp_BxGxT = logp(batch)
       else:

@@ -28,17 +28,22 @@ def build_task(cfg: Mapping[str, Any]) -> tuple[base.Task, dict[str, list[base.P
     return task, {"held_out": list(task.held_out)}
   if cfg["name"] != "chat":
     raise ValueError(f"config field task.name={cfg['name']!r}; expected 'arithmetic' or 'chat'")
-  if not cfg["tokenizer_dir"] or not os.path.isdir(cfg["tokenizer_dir"]):
-    raise FileNotFoundError(f"config field task.tokenizer_dir: {cfg['tokenizer_dir']!r} is not a directory "
+  tokenizer_dir = os.path.expanduser(cfg["tokenizer_dir"])
+  if not os.path.isdir(tokenizer_dir):
+    raise FileNotFoundError(f"config field task.tokenizer_dir: {tokenizer_dir!r} is not a directory "
                             f"(point it at the model's HF checkpoint directory)")
-  tokenizer = ChatTokenizer(cfg["tokenizer_dir"])
+  tokenizer = ChatTokenizer(tokenizer_dir)
   keys = (cfg["problem_key"], cfg["answer_key"])
   template = dict(system=cfg["system_prompt"] or None, instruction_suffix=cfg["instruction_suffix"])
-  train = tokenizer.problems(load_records(cfg["train_path"], "train_path", *keys), **template)
-  if cfg["max_train"]:
-    train = train[:cfg["max_train"]]
-  eval_sets = {name: tokenizer.problems(load_records(path, f"eval_paths.{name}", *keys), **template)
-               for name, path in dict(cfg["eval_paths"]).items()}
+
+  def problems(spec, field, limit=0):
+    records = load_records(os.path.expanduser(spec), field, *keys)[:limit or None]
+    if cfg["answer_after"]:  # e.g. GSM8K: "reasoning ... #### 42" -> "42"
+      records = [dict(r, answer=r["answer"].split(cfg["answer_after"])[-1].strip()) for r in records]
+    return tokenizer.problems(records, **template)
+
+  train = problems(cfg["train_path"], "train_path", cfg["max_train"])
+  eval_sets = {name: problems(path, f"eval_paths.{name}") for name, path in dict(cfg["eval_paths"]).items()}
   reward_kw = dict(num_workers=cfg["reward_workers"], timeout_s=cfg["reward_timeout_s"]) \
       if cfg["reward"] == "math_verify" else {}
   task = base.Task(name=cfg["reward"], tokenizer=tokenizer, train=train,

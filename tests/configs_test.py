@@ -1,0 +1,80 @@
+"""Every config in configs/ builds, carries the paper's settings, and its smoke variant runs a step."""
+import glob
+import importlib
+import json
+import os
+
+import pytest
+
+from oapl_jax.rl import loop
+from tests.hf_fixtures import make_chat_tokenizer, make_hf_checkpoint
+
+CONFIGS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.py"))
+                 if not os.path.basename(p).startswith(("_", "common")))
+
+
+def test_all_configs_are_covered():
+  assert set(CONFIGS) >= {"arithmetic", "math", "gsm8k"}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_builds(name):
+  module = importlib.import_module(f"configs.{name}")
+  for arg in ("", "smoke"):
+    c = module.get_config(arg)
+    assert c.loop.batch_prompts <= c.loop.prompts_per_rollout
+    assert c.trainer.loss in ("oapl", "grpo")
+  with pytest.raises(ValueError, match="unknown variant"):
+    module.get_config("no-such-variant")
+
+
+def test_math_config_is_the_papers_setting():
+  c = importlib.import_module("configs.math").get_config()
+  assert (c.trainer.loss_config.beta1, c.trainer.loss_config.beta2) == (1.0, 1e-3)
+  assert (c.loop.sync_every, c.loop.group_size, c.loop.prompts_per_rollout, c.loop.steps_per_rollout) == (50, 8, 128, 2)
+  assert (c.trainer.optim.lr, c.trainer.optim.b1, c.trainer.optim.b2) == (1e-6, 0.9, 0.95)
+  assert (c.sampler.temperature, c.sampler.top_p, c.sampler.max_new_tokens) == (1.0, 1.0, 16384)
+  assert (c.eval.temperature, c.eval.top_p, c.eval.samples, tuple(c.eval.ks)) == (0.6, 0.95, 10, (1, 5, 10))
+  assert set(c.task.eval_paths) == {"aime25", "hmmt25_feb", "hmmt25_nov", "brumo25"}
+  assert "Qwen3-4B-Thinking-2507" in c.model.checkpoint
+
+
+def test_missing_paths_name_the_config_field(tmp_path):
+  c = importlib.import_module("configs.math").get_config("smoke")
+  c.model.checkpoint = str(tmp_path / "nope")
+  with pytest.raises(FileNotFoundError, match="task.tokenizer_dir|model.checkpoint"):
+    loop.setup(c, str(tmp_path / "run"))
+
+
+def test_arithmetic_smoke_runs_a_step(tmp_path):
+  summary = loop.train(loop.setup(importlib.import_module("configs.arithmetic").get_config("smoke"), str(tmp_path)))
+  assert summary["trainer_steps"] == 2 and summary["syncs"] == 1
+
+
+@pytest.fixture(scope="module")
+def chat_assets(tmp_path_factory):
+  root = tmp_path_factory.mktemp("chat")
+  model_dir = root / "model"
+  make_hf_checkpoint(model_dir, "qwen3", vocab_size=384)
+  make_chat_tokenizer(model_dir)
+  records = [{"problem": f"What is {a}+{a}?", "answer": str(2 * a), "question": f"What is {a}+{a}?",
+              "answer_gsm": f"{a}+{a}={2 * a}\n#### {2 * a}"} for a in range(1, 9)]
+  data = root / "data.jsonl"
+  with open(data, "w") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+  return str(model_dir), str(data)
+
+
+@pytest.mark.parametrize("name", ["math", "gsm8k"])
+def test_chat_smoke_runs_a_step(name, chat_assets, tmp_path):
+  model_dir, data = chat_assets
+  c = importlib.import_module(f"configs.{name}").get_config("smoke")
+  c.model.checkpoint = model_dir
+  c.task.update(tokenizer_dir=model_dir, train_path=data, eval_paths={"test": data})
+  if name == "gsm8k":
+    c.task.answer_key = "answer_gsm"  # "... #### 4": the answer after '####' is what is scored
+  run = loop.setup(c, str(tmp_path))
+  assert run.task.train[0].answer == "2"
+  summary = loop.train(run)
+  assert summary["trainer_steps"] == 2 and "eval/test/pass@1 (end)" in summary

@@ -1,0 +1,60 @@
+"""The rollout buffer: packing alignment, version purity, least-used-first sampling."""
+import numpy as np
+import pytest
+
+from oapl_jax.rl.buffer import RolloutBuffer, pack_groups
+from oapl_jax.sampler.rollout import RolloutGroups
+
+
+def _groups(version, P=2, G=2, N=3, seed=0):
+  rng = np.random.default_rng(seed)
+  return RolloutGroups(
+      prompt_tokens=np.array([[5, 6, 7], [8, 9, 0]], np.int32)[:P], prompt_lengths=np.array([3, 2], np.int32)[:P],
+      response_tokens=rng.integers(10, 20, (P, G, N)).astype(np.int32), response_mask=np.ones((P, G, N), bool),
+      sampler_logp=-rng.random((P, G, N)).astype(np.float32), lengths=np.array([[3, 1], [2, 3]], np.int32)[:P, :G],
+      finish_reason=np.ones((P, G), np.int8), snapshot_version=version, seed=0, temperature=1.0, top_p=1.0, top_k=0)
+
+
+def test_pack_groups_aligns_targets_mask_and_logp():
+  g = _groups(1)
+  packed = pack_groups(g, np.array([[1.0, 0.0], [0.5, 0.25]]), seq_len=6)
+  # prompt [5,6,7] + response r0 (3 tokens): tokens = seq[:-1], targets = seq[1:]
+  r = g.response_tokens[0, 0]
+  np.testing.assert_array_equal(packed["tokens"][0, 0], [5, 6, 7, r[0], r[1], 0])
+  np.testing.assert_array_equal(packed["targets"][0, 0], [6, 7, r[0], r[1], r[2], 0])
+  np.testing.assert_array_equal(packed["response_mask"][0, 0], [0, 0, 1, 1, 1, 0])
+  np.testing.assert_allclose(packed["sampler_token_logp"][0, 0, 2:5], g.sampler_logp[0, 0])
+  # prompt [8,9] + 3 response tokens: first response target sits at index 1
+  np.testing.assert_array_equal(packed["response_mask"][1, 1], [0, 1, 1, 1, 0, 0])
+  # masked-out logps are zero, so sums over the mask equal the sampler's sequence log-prob
+  np.testing.assert_allclose(packed["sampler_token_logp"].sum(-1)[0, 1], g.sampler_logp[0, 1, :1].sum(), rtol=1e-6)
+  with pytest.raises(ValueError, match="exceed the trainer's sequence length"):
+    pack_groups(g, np.zeros((2, 2)), seq_len=4)
+
+
+def test_buffer_refuses_other_versions_and_reset_clears():
+  buf = RolloutBuffer(seq_len=6)
+  buf.reset(3)
+  assert not buf.add(_groups(2), np.zeros((2, 2)))
+  assert buf.add(_groups(3), np.zeros((2, 2)))
+  assert buf.versions() == {3} and buf.num_groups() == 2
+  buf.reset(4)
+  assert buf.num_groups() == 0
+  assert buf.sample(1, 1, np.random.default_rng(0), timeout=0.01) is None  # waits for a chunk, none comes
+
+
+def test_sampling_draws_least_used_groups_first_and_only_visible_chunks():
+  buf = RolloutBuffer(seq_len=6)
+  buf.reset(1)
+  buf.add(_groups(1, seed=0), np.array([[0.0, 0.0], [0.0, 0.0]]))
+  buf.add(_groups(1, seed=1), np.array([[1.0, 1.0], [1.0, 1.0]]))
+  rng = np.random.default_rng(0)
+  first = buf.sample(2, chunks_visible=1, rng=rng)
+  second = buf.sample(2, chunks_visible=1, rng=rng)
+  assert (first["rewards"] == 0).all() and (second["rewards"] == 0).all()  # chunk 2 not visible yet
+  np.testing.assert_array_equal(first["reuse"], [1, 1])
+  np.testing.assert_array_equal(second["reuse"], [2, 2])  # both groups of chunk 1 were used once before
+  third = buf.sample(2, chunks_visible=2, rng=rng)
+  assert (third["rewards"] == 1).all()  # the unused groups of chunk 2 come first
+  with pytest.raises(ValueError, match="fewer than the trainer batch"):
+    buf.sample(5, chunks_visible=2, rng=rng)
