@@ -1,0 +1,107 @@
+"""Sampler throughput: our rollout driver vs `transformers` PyTorch `generate`, same tiny checkpoint.
+
+    python -m oapl_jax.benchmarks.sampler_bench                 # batch 1, 16, 64; 128 new tokens
+    python -m oapl_jax.benchmarks.sampler_bench --batches 64 --new_tokens 256 --repeats 5
+
+Both sample at temperature 1 (top-p 1, no top-k), never stop early, and are warmed up first: the
+printed tokens/s exclude compilation (JAX's compile + first run is reported separately). Also
+prints the wall time of a snapshot refresh (trainer f32 params -> sampler mesh, f32 and bf16).
+A benchmark, not a test.
+"""
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+from oapl_jax.models import hf
+from oapl_jax.sampler import core, rollout
+
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rope_theta=10000.0)
+
+
+def make_checkpoint(path: str, seed: int = 0) -> transformers.PreTrainedModel:
+  torch.manual_seed(seed)
+  model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**TINY))
+  with torch.no_grad():
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  model.save_pretrained(path)
+  return model.eval()
+
+
+def time_ours(sampler, prompts, new_tokens, repeats, steps_per_sync):
+  def run(seed):
+    return rollout.generate_groups(sampler, sampler.params, prompts, 1, max_new_tokens=new_tokens, seed=seed,
+                                   steps_per_sync=steps_per_sync)
+
+  start = time.perf_counter()
+  first = run(0)
+  compile_s = time.perf_counter() - start
+  assert first.num_tokens == len(prompts) * new_tokens
+  times = [run(i + 1).wall_seconds for i in range(repeats)]
+  return len(prompts) * new_tokens / statistics.median(times), compile_s
+
+
+def time_hf(model, prompts, new_tokens, repeats):
+  ids = torch.tensor(prompts)
+  kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=0)
+  with torch.no_grad():
+    model.generate(ids, **kw)  # warm-up
+    times = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      out = model.generate(ids, **kw)
+      times.append(time.perf_counter() - start)
+  assert out.shape[1] == ids.shape[1] + new_tokens
+  return len(prompts) * new_tokens / statistics.median(times)
+
+
+def time_refresh(config, trainer_params, dtype):
+  sampler = core.Sampler(config.replace(param_dtype=dtype, dtype=dtype), num_slots=1, max_prefill_length=16)
+  sampler.refresh(trainer_params)  # compiles the cast
+  times = []
+  for _ in range(3):
+    sampler.refresh(trainer_params)
+    times.append(sampler.last_refresh_seconds)
+  return min(times)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+  ap.add_argument("--new_tokens", type=int, default=128)
+  ap.add_argument("--prompt_length", type=int, default=8)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--steps_per_sync", type=int, default=16)
+  args = ap.parse_args(argv)
+
+  with tempfile.TemporaryDirectory() as tmp:
+    torch_model = make_checkpoint(tmp)
+    config, params = hf.load(tmp)
+  print(f"devices: {jax.devices()}  torch threads: {torch.get_num_threads()}  cpu count: {os.cpu_count()}")
+  print(f"tiny Qwen3 {TINY}; prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, temperature 1")
+  print(f"{'batch':>5} {'ours tok/s':>11} {'hf tok/s':>10} {'ratio':>7} {'ours compile+1st run s':>23}")
+  rng = np.random.RandomState(0)
+  for batch in args.batches:
+    prompts = rng.randint(0, TINY["vocab_size"], (batch, args.prompt_length)).tolist()
+    sampler = core.Sampler(config, num_slots=batch, max_prefill_length=max(16, args.prompt_length),
+                           max_new_tokens=args.new_tokens)
+    sampler.refresh(params)
+    ours, compile_s = time_ours(sampler, prompts, args.new_tokens, args.repeats, args.steps_per_sync)
+    theirs = time_hf(torch_model, prompts, args.new_tokens, args.repeats)
+    print(f"{batch:>5} {ours:>11.0f} {theirs:>10.0f} {ours / theirs:>6.1f}x {compile_s:>23.2f}")
+  for dtype in ("float32", "bfloat16"):
+    ms = 1e3 * time_refresh(config, params, dtype)
+    print(f"snapshot refresh (f32 trainer params -> {dtype} sampler): {ms:.2f} ms")
+
+
+if __name__ == "__main__":
+  main()

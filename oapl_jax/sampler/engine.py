@@ -1,0 +1,149 @@
+"""QwenEngine: JetStream's Engine API as a thin face over sampler/core.py.
+
+    engine = QwenEngine.from_checkpoint("/ckpt/Qwen3-4B", max_concurrent_decodes=64)
+    params = engine.load_params()                 # HF weights straight onto the sampler mesh
+    params = engine.refresh(trainer_params)       # later: new snapshot, snapshot_version += 1
+
+The engine has its own mesh and logical-axis rules (they may differ from the trainer's); `refresh`
+reshards the trainer's params onto them device-side. JetStream's orchestrator drives it through
+prefill / insert / generate (see oapl_jax/serve.py); the RL loop uses sampler/rollout.py, which
+takes this engine or its `.sampler`.
+
+Per-request sampling settings do not exist in JetStream 0.2.2's API, so temperature / top-p /
+top-k / stop tokens are engine settings; `insert` gives each request its own key from (seed, n).
+"""
+import os
+from typing import Any, Iterable, Optional
+
+import jax
+import numpy as np
+
+from oapl_jax.sampler import jetstream_compat  # noqa: F401  (jax.tree_map for jetstream.core)
+from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E402
+
+from oapl_jax.models.config import QwenConfig  # noqa: E402
+from oapl_jax.sampler import core  # noqa: E402
+from oapl_jax.sampler.tokenizers import NO_BOS, HFTokenizer, TokenIdTokenizer  # noqa: E402
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+class QwenEngine(engine_api.Engine):
+  """Dense Qwen2/2.5/3 behind JetStream's Engine API; one sample per slot."""
+
+  def __init__(self, config: QwenConfig, *, checkpoint: Optional[str] = None, params: Any = None,
+               tokenizer: Any = None, mesh: Optional[jax.sharding.Mesh] = None, rules=None,
+               max_concurrent_decodes: int = 8, max_prefill_length: int = 256, max_decode_length: int = 256,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+               stop_tokens: Optional[Iterable[int]] = None, seed: int = 0):
+    if max_prefill_length < 16 or max_prefill_length & (max_prefill_length - 1):
+      raise ValueError(f"max_prefill_length={max_prefill_length}: JetStream pads requests to powers of two "
+                       "from 16, so it must be one of 16, 32, 64, ...")
+    self.sampler = core.Sampler(config, mesh=mesh, rules=rules, num_slots=max_concurrent_decodes,
+                                max_prefill_length=max_prefill_length, max_new_tokens=max_decode_length)
+    if tokenizer is None:
+      tokenizer = TokenIdTokenizer(stop_tokens or ())
+    elif not isinstance(tokenizer, tokenizer_api.Tokenizer):
+      tokenizer = HFTokenizer(tokenizer, stop_tokens)
+    self._tokenizer = tokenizer
+    stops = tokenizer.stop_tokens if stop_tokens is None else stop_tokens
+    self.stop_tokens = sorted(int(t) for t in stops if 0 <= int(t) < config.vocab_size)
+    self.sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
+    self._checkpoint = checkpoint
+    self._initial_params = params
+    self._seed = int(seed)
+    self._num_inserted = 0
+
+  @classmethod
+  def from_checkpoint(cls, path: str, *, dtype: str = "bfloat16", tokenizer: Any = None, **kwargs) -> "QwenEngine":
+    """Engine for an HF checkpoint dir; uses its tokenizer files when present (else token ids only)."""
+    from oapl_jax.models import hf
+    config = hf.read_config(path, param_dtype=dtype, dtype=dtype)
+    if tokenizer is None and any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+      import transformers
+      tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    return cls(config, checkpoint=path, tokenizer=tokenizer, **kwargs)
+
+  # ---- parameters and snapshots
+  def load_params(self, params: Any = None, *args, **kwargs):
+    """Given params: a refresh. Otherwise the checkpoint (or constructor params) as snapshot 1."""
+    if params is not None:
+      return self.refresh(params)
+    if self.sampler.params is not None:
+      return self.sampler.params
+    if self._initial_params is not None:
+      return self.refresh(self._initial_params)
+    if self._checkpoint is not None:
+      return self.sampler.load(self._checkpoint)
+    raise ValueError("QwenEngine.load_params: no checkpoint, no params given")
+
+  def refresh(self, trainer_params):
+    """Device-side reshard + cast of the trainer's params onto the sampler mesh; bumps the version."""
+    return self.sampler.refresh(trainer_params)
+
+  @property
+  def snapshot_version(self) -> int:
+    return self.sampler.snapshot_version
+
+  @property
+  def last_refresh_seconds(self) -> float:
+    return self.sampler.last_refresh_seconds
+
+  # ---- the Engine API
+  def prefill(self, *, params, existing_prefix=None, padded_tokens, true_length: int) -> core.Prefix:
+    if existing_prefix is not None:
+      raise NotImplementedError("QwenEngine.prefill: existing_prefix (multi-turn prefix reuse) is not supported")
+    tokens = np.asarray(padded_tokens).reshape(-1)
+    tokens = tokens[:min(int(true_length), tokens.size)]
+    if tokens.size and tokens[0] == NO_BOS:  # JetStream prepends bos_id; Qwen has none
+      tokens = tokens[1:]
+    if tokens.size == 0 or tokens.min() < 0 or tokens.max() >= self.sampler.config.vocab_size:
+      raise ValueError(f"prefill: need 1..{self.max_prefill_length} token ids in "
+                       f"[0, {self.sampler.config.vocab_size}); got {tokens.tolist()[:8]}...")
+    return self.sampler.prefill(params, [tokens.tolist()])
+
+  def insert(self, prefix: core.Prefix, decode_state: core.DecodeState, slot: int) -> core.DecodeState:
+    key = core.sample_keys(self._seed, [self._num_inserted], [0])
+    self._num_inserted += 1
+    return self.sampler.insert(prefix, decode_state, [slot], [0], key)
+
+  def generate(self, params, decode_state: core.DecodeState):
+    state, data_Sx3 = self.sampler.generate(params, decode_state)
+    return state, engine_api.ResultTokens(data=data_Sx3, tokens_idx=(0, 1), valid_idx=(1, 2),
+                                          length_idx=(2, 3), samples_per_slot=1)
+
+  def init_decode_state(self, *args, **kwargs) -> core.DecodeState:
+    return self.sampler.init_decode_state(stop_tokens=self.stop_tokens, **self.sampling)
+
+  def get_prefix_destination_sharding(self) -> Any:
+    return self.sampler.prefix_shardings
+
+  def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+    return tokenizer_pb2.TokenizerParameters(path=self._checkpoint or "")
+
+  def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters) -> tokenizer_api.Tokenizer:
+    return self._tokenizer
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self.sampler.num_slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self.sampler.max_prefill_length
+
+  @property
+  def max_decode_length(self) -> int:
+    return self.sampler.max_new_tokens
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    return self.sampler.mesh
+
+  @property
+  def colocated_cpus(self) -> None:
+    return None

@@ -1,0 +1,51 @@
+"""Token sampling with temperature, top-k and top-p, returning the log-prob of each sampled token.
+
+The log-prob is taken under the distribution the token was actually drawn from: logits divided by
+the temperature, then top-k, then top-p (the order of HF and vLLM), renormalised over the kept set.
+At temperature 1, top-p 1, top-k 0 this is the model's plain log-softmax.
+
+temperature == 0 means greedy (argmax of the raw logits). A greedy "distribution" is a point mass
+(log-prob 0, no information), so for greedy steps we report the model's plain log-softmax of the
+chosen token instead.
+
+All three knobs are traced scalars, so changing them never recompiles.
+"""
+import jax
+import jax.numpy as jnp
+
+
+def filter_logits(z_SxV: jax.Array, top_p, top_k) -> jax.Array:
+  """Set logits outside the top-k, then outside the top-p nucleus, to -inf.
+
+  top_k == 0 disables top-k; top_p >= 1 disables top-p. Ties at the cut-off are kept (so the kept
+  set can exceed k when logits tie exactly). The most likely token is always kept.
+  """
+  V = z_SxV.shape[-1]
+  sorted_SxV = jnp.flip(jnp.sort(z_SxV, axis=-1), axis=-1)  # descending
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
+  in_k_SxV = (jnp.arange(V) < k)[None, :]
+  p_SxV = jax.nn.softmax(jnp.where(in_k_SxV, sorted_SxV, -jnp.inf), axis=-1)
+  mass_before_SxV = jnp.cumsum(p_SxV, axis=-1) - p_SxV
+  keep_SxV = in_k_SxV & ((mass_before_SxV < top_p) | (top_p >= 1.0))
+  n_keep_S = jnp.maximum(jnp.sum(keep_SxV, axis=-1), 1)
+  threshold_S = jnp.take_along_axis(sorted_SxV, (n_keep_S - 1)[:, None], axis=-1)
+  return jnp.where(z_SxV >= threshold_S, z_SxV, -jnp.inf)
+
+
+def sample_tokens(logits_SxV: jax.Array, keys_Sx2: jax.Array, temperature, top_p, top_k):
+  """Draw one token per row. Returns (tokens_S int32, logp_S float32).
+
+  logits_SxV: raw model logits; keys_Sx2: one raw PRNG key per row.
+  """
+  logits_SxV = logits_SxV.astype(jnp.float32)
+  greedy = temperature <= 0.0
+  z_SxV = logits_SxV / jnp.where(greedy, 1.0, temperature)
+  needs_filter = (~greedy) & ((top_k > 0) | (top_p < 1.0))
+  z_SxV = jax.lax.cond(needs_filter, lambda z: filter_logits(z, top_p, top_k), lambda z: z, z_SxV)
+  logp_SxV = jax.nn.log_softmax(z_SxV, axis=-1)
+  sampled_S = jax.vmap(jax.random.categorical)(keys_Sx2, z_SxV)
+  argmax_S = jnp.argmax(logits_SxV, axis=-1)
+  tokens_S = jnp.where(greedy, argmax_S, sampled_S).astype(jnp.int32)
+  greedy_logp_SxV = jax.nn.log_softmax(logits_SxV, axis=-1)
+  logp_S = jnp.take_along_axis(jnp.where(greedy, greedy_logp_SxV, logp_SxV), tokens_S[:, None], axis=-1)[:, 0]
+  return tokens_S, logp_S

@@ -1,0 +1,83 @@
+"""Tokenizers for the JetStream engine: jetstream's tokenizer_api over an HF tokenizer, or ids only.
+
+JetStream prepends `bos_id` to every fresh request. Qwen has no BOS token, so these tokenizers
+report NO_BOS (-1) and QwenEngine.prefill drops a leading NO_BOS: the model never sees it.
+"""
+from typing import Iterable, Optional
+
+import numpy as np
+from jetstream.engine import token_utils, tokenizer_api
+
+NO_BOS = -1
+
+
+class TokenIdTokenizer(tokenizer_api.Tokenizer):
+  """No vocabulary: text is whitespace-separated token ids ("12 7 93"), decode prints ids back.
+  Used when a checkpoint ships no tokenizer; clients then send token ids."""
+
+  def __init__(self, stop_tokens: Iterable[int] = (), pad_id: int = 0):
+    self._stop = set(int(t) for t in stop_tokens)
+    self._pad = int(pad_id)
+
+  def encode(self, s: str, **kwargs):
+    ids = np.array([int(t) for t in s.split()], np.int32)
+    return token_utils.pad_tokens(ids, NO_BOS, self._pad, is_bos=False,
+                                  max_prefill_length=kwargs.get("max_prefill_length"),
+                                  jax_padding=kwargs.get("jax_padding", True))
+
+  def decode(self, token_ids: list[int], **kwargs) -> str:
+    return "".join(f"{t} " for t in token_ids)  # space-terminated, so streamed pieces concatenate
+
+  @property
+  def pad_id(self) -> int:
+    return self._pad
+
+  @property
+  def eos_id(self) -> int:
+    return min(self._stop) if self._stop else -1
+
+  @property
+  def bos_id(self) -> int:
+    return NO_BOS
+
+  @property
+  def stop_tokens(self) -> set[int]:
+    return set(self._stop)
+
+
+class HFTokenizer(tokenizer_api.Tokenizer):
+  """jetstream's Tokenizer API over a `transformers` tokenizer (no BOS added for Qwen)."""
+
+  def __init__(self, hf_tokenizer, stop_tokens: Optional[Iterable[int]] = None):
+    self.hf = hf_tokenizer
+    eos = hf_tokenizer.eos_token_id
+    self._stop = set(int(t) for t in stop_tokens) if stop_tokens is not None else ({eos} if eos is not None else set())
+
+  def encode(self, s: str, **kwargs):
+    ids = np.array(self.hf.encode(s, add_special_tokens=False), np.int32)
+    return token_utils.pad_tokens(ids, self.bos_id, self.pad_id,
+                                  is_bos=kwargs.get("is_bos", True) and self.bos_id != NO_BOS,
+                                  max_prefill_length=kwargs.get("max_prefill_length"),
+                                  jax_padding=kwargs.get("jax_padding", True))
+
+  def decode(self, token_ids: list[int], **kwargs) -> str:
+    return self.hf.decode(token_ids)
+
+  @property
+  def pad_id(self) -> int:
+    pad = self.hf.pad_token_id
+    return int(pad if pad is not None else (self.hf.eos_token_id or 0))
+
+  @property
+  def eos_id(self) -> int:
+    eos = self.hf.eos_token_id
+    return int(eos) if eos is not None else -1
+
+  @property
+  def bos_id(self) -> int:
+    bos = self.hf.bos_token_id
+    return int(bos) if bos is not None else NO_BOS
+
+  @property
+  def stop_tokens(self) -> set[int]:
+    return set(self._stop)

@@ -1,0 +1,212 @@
+"""Sampler core + rollout driver against independent references: the trainer forward
+(qwen.token_logprobs / qwen.logits), numpy top-k/top-p renormalisation, a chi-square test, and
+decoding each sample alone."""
+import functools
+
+import jax
+import numpy as np
+import pytest
+import scipy.special
+import scipy.stats
+
+from oapl_jax import parallel
+from oapl_jax.models import hf, qwen
+from oapl_jax.sampler import core, rollout
+from oapl_jax.sampler.sampling import sample_tokens
+from tests.hf_fixtures import make_hf_checkpoint
+
+PROMPTS = [[5, 17, 33], [200, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [42], [7, 7, 7, 7, 7, 7]]
+STOPS = list(range(100, 120))  # ~8% of the vocabulary: some samples stop, some run to the limit
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+  path = tmp_path_factory.mktemp("qwen3")
+  make_hf_checkpoint(path, "qwen3", seed=0)
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+  return hf.load(ckpt)
+
+
+def _sampler(config, params, **kw):
+  kw = dict(num_slots=4, max_prefill_length=16, max_new_tokens=12) | kw
+  sampler = core.Sampler(config, **kw)
+  sampler.refresh(params)
+  return sampler
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+  """One f32 sampler (4 slots) shared by the tests, so its jitted functions compile once."""
+  return _sampler(*model)
+
+
+L_REF = 32  # fixed padded length for reference forwards: one compile for all tests
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def _ref_token_logprobs(params, config, tokens_BxL, temperature):
+  return qwen.token_logprobs(params, config, tokens_BxL[:, :-1], tokens_BxL[:, 1:], temperature=temperature)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _ref_logits(params, config, tokens_BxL):
+  return qwen.logits(params, config, tokens_BxL)
+
+
+def _padded(seqs):
+  tokens = np.zeros((core.pow2(len(seqs)), L_REF), np.int32)
+  for i, seq in enumerate(seqs):
+    tokens[i, :len(seq)] = seq
+  return tokens
+
+
+def _sequences(groups, p, g):
+  n = groups.lengths[p, g]
+  return list(groups.prompt_tokens[p, :groups.prompt_lengths[p]]) + list(groups.response_tokens[p, g, :n])
+
+
+def _trainer_logp(params, config, groups, temperature):
+  """Trainer forward over every (prompt + response), response positions only -> [P, G, N]."""
+  P, G, N = groups.response_tokens.shape
+  seqs = [_sequences(groups, p, g) for p in range(P) for g in range(G)]
+  logp = np.asarray(_ref_token_logprobs(params, config, _padded(seqs), temperature))
+  out = np.zeros((P, G, N), np.float32)
+  for i, (p, g) in enumerate((p, g) for p in range(P) for g in range(G)):
+    start = groups.prompt_lengths[p] - 1
+    out[p, g, :groups.lengths[p, g]] = logp[i, start:start + groups.lengths[p, g]]
+  return out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logp_matches_trainer_forward_f32(model, sampler, temperature):
+  config, params = model
+  groups = rollout.generate_groups(sampler, sampler.params, PROMPTS, 3, max_new_tokens=12, seed=1,
+                                   temperature=temperature, stop_tokens=STOPS, steps_per_sync=5)
+  ref = _trainer_logp(params, config, groups, temperature)
+  np.testing.assert_allclose(groups.sampler_logp, ref, atol=1e-4)
+  # Masks, lengths and finish reasons are consistent with the tokens.
+  assert groups.snapshot_version == 1 and groups.num_tokens == groups.lengths.sum()
+  for p in range(len(PROMPTS)):
+    for g in range(3):
+      n = groups.lengths[p, g]
+      assert groups.response_mask[p, g].sum() == n and not groups.sampler_logp[p, g, n:].any()
+      stopped = groups.response_tokens[p, g, n - 1] in STOPS
+      assert not set(groups.response_tokens[p, g, :n - 1]) & set(STOPS)
+      assert groups.finish_reason[p, g] == (core.FINISH_STOP if stopped else core.FINISH_LENGTH)
+      assert stopped or n == 12
+  assert {"stop", "length"} <= set(groups.finish_reason_names.ravel())
+
+
+def test_logp_gap_bf16_sampler(model, record_property):
+  """bf16 sampler vs f32 trainer: a metric, not an assertion (beyond finiteness)."""
+  config, params = model
+  sampler = _sampler(config.replace(param_dtype="bfloat16", dtype="bfloat16"), params)
+  groups = rollout.generate_groups(sampler, sampler.params, PROMPTS, 2, max_new_tokens=12, seed=2)
+  ref = _trainer_logp(params, config, groups, 1.0)
+  gap = np.abs(groups.sampler_logp - ref)[groups.response_mask]
+  record_property("bf16_logp_gap_max", float(gap.max()))
+  record_property("bf16_logp_gap_mean", float(gap.mean()))
+  print(f"bf16 sampler vs f32 trainer token log-prob gap: max {gap.max():.4f}, mean {gap.mean():.5f}")
+  assert np.isfinite(gap).all()
+
+
+def test_continuous_batching_equals_each_sample_alone(model, sampler):
+  config, params = model
+  many = sampler
+  groups = rollout.generate_groups(many, many.params, PROMPTS, 3, max_new_tokens=10, seed=7,
+                                   stop_tokens=STOPS, steps_per_sync=3)
+  alone = _sampler(config, params, num_slots=1)
+  for p, prompt in enumerate(PROMPTS):
+    ref = rollout.generate_groups(alone, alone.params, [prompt], 3, max_new_tokens=10, seed=7,
+                                  stop_tokens=STOPS, prompt_ids=[p], steps_per_sync=16)
+    np.testing.assert_array_equal(groups.lengths[p], ref.lengths[0])
+    np.testing.assert_array_equal(groups.response_tokens[p], ref.response_tokens[0])
+    np.testing.assert_allclose(groups.sampler_logp[p], ref.sampler_logp[0], atol=1e-5)
+  assert len({tuple(groups.response_tokens[0, g]) for g in range(3)}) == 3  # samples differ
+
+
+def _numpy_filtered_logp(logits_V, temperature, top_p, top_k):
+  """Reference: temperature, then top-k, then top-p; renormalised log-probs (-inf outside)."""
+  z = logits_V.astype(np.float64) / temperature
+  order = np.argsort(-z)[:top_k or len(z)]
+  p = scipy.special.softmax(z[order])
+  n = int(np.sum(np.cumsum(p) - p < top_p)) if top_p < 1 else len(order)
+  allowed = order[:max(n, 1)]
+  out = np.full_like(z, -np.inf)
+  out[allowed] = z[allowed] - scipy.special.logsumexp(z[allowed])
+  return out
+
+
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 5), (0.5, 0), (0.8, 20)])
+def test_top_k_top_p_sample_allowed_set_with_renormalised_logp(model, sampler, top_p, top_k):
+  config, params = model
+  T = 0.8
+  groups = rollout.generate_groups(sampler, sampler.params, PROMPTS[:3], 4, max_new_tokens=6, seed=3,
+                                   temperature=T, top_p=top_p, top_k=top_k)
+  pairs = [(p, g) for p in range(3) for g in range(4)]
+  all_logits = np.asarray(_ref_logits(params, config, _padded([_sequences(groups, p, g) for p, g in pairs])))
+  for i, (p, g) in enumerate(pairs):
+    start = groups.prompt_lengths[p] - 1
+    for t in range(groups.lengths[p, g]):
+      ref = _numpy_filtered_logp(all_logits[i, start + t], T, top_p, top_k)
+      token = groups.response_tokens[p, g, t]
+      assert np.isfinite(ref[token]), f"token {token} outside the top-k/top-p set"
+      np.testing.assert_allclose(groups.sampler_logp[p, g, t], ref[token], atol=1e-4)
+
+
+def test_plain_sampling_matches_model_distribution_chisquare(model):
+  config, params = model
+  logits_V = np.asarray(qwen.logits(params, config, np.array([PROMPTS[0]])))[0, -1]
+  n = 20000
+  keys = jax.random.split(jax.random.PRNGKey(0), n)
+  tokens, logp = sample_tokens(np.broadcast_to(logits_V, (n, logits_V.size)), keys, 1.0, 1.0, 0)
+  tokens, logp = np.asarray(tokens), np.asarray(logp)
+  probs = scipy.special.softmax(logits_V.astype(np.float64))
+  np.testing.assert_allclose(logp, np.log(probs[tokens]), atol=1e-5)
+  expected = n * probs
+  big = expected >= 5  # pool the rare tokens into one bin
+  observed = np.bincount(tokens, minlength=logits_V.size)
+  f_obs, f_exp = observed[big], expected[big]
+  if (~big).any():
+    f_obs, f_exp = np.append(f_obs, observed[~big].sum()), np.append(f_exp, expected[~big].sum())
+  assert scipy.stats.chisquare(f_obs, f_exp).pvalue > 1e-3
+
+
+def test_refresh_reshards_trainer_params_and_bumps_version(model, tmp_path):
+  config, params1 = model
+  make_hf_checkpoint(tmp_path, "qwen3", seed=1)
+  trainer_mesh = parallel.make_mesh((1, -1, 1))  # FSDP over all 8 devices
+  _, params2 = hf.load(str(tmp_path), mesh=trainer_mesh)
+  sampler_mesh = parallel.make_mesh((1, 1, 2), devices=jax.devices()[6:])
+  sampler = core.Sampler(config, mesh=sampler_mesh, num_slots=4, max_prefill_length=16, max_new_tokens=8)
+  sampler.refresh(params1)
+  before = rollout.generate_groups(sampler, sampler.params, PROMPTS, 1, max_new_tokens=8, seed=0, temperature=0)
+  new = sampler.refresh(params2)
+  assert sampler.snapshot_version == 2 and sampler.last_refresh_seconds > 0
+  leaf = new["layers"]["mlp"]["up_proj"]["kernel"]
+  assert leaf.sharding.mesh.devices.tolist() == sampler_mesh.devices.tolist()
+  after = rollout.generate_groups(sampler, sampler.params, PROMPTS, 2, max_new_tokens=8, seed=0)
+  assert after.snapshot_version == 2
+  np.testing.assert_allclose(after.sampler_logp, _trainer_logp(params2, config, after, 1.0), atol=1e-4)
+  greedy = rollout.generate_groups(sampler, sampler.params, PROMPTS, 1, max_new_tokens=8, seed=0, temperature=0)
+  assert (greedy.response_tokens != before.response_tokens).any()
+  other_params = jax.device_put(params1, sampler.param_shardings)
+  other = rollout.generate_groups(sampler, other_params, PROMPTS[:1], 1, max_new_tokens=2, seed=0)
+  assert other.snapshot_version == -1  # params that are not the sampler's snapshot are unversioned
+
+
+@pytest.mark.parametrize("prompts,group_size,match", [
+    ([[1, 2], []], 2, "prompt 1 is empty"),
+    ([list(range(17))], 2, "more than max_prefill_length"),
+    ([[1, 2]], 0, "group_size"),
+    ([[1, 256]], 2, "vocabulary"),
+    ([[-1, 3]], 2, "vocabulary"),
+    ([], 2, "prompts is empty"),
+])
+def test_bad_inputs_raise_clear_errors(sampler, prompts, group_size, match):
+  with pytest.raises(ValueError, match=match):
+    rollout.generate_groups(sampler, sampler.params, prompts, group_size, max_new_tokens=4, seed=0)
