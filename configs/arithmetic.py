@@ -19,11 +19,11 @@ def get_config(arg: str = "") -> ConfigDict:
   c.model.overrides = dict(vocab_size=32, hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4,
                            num_kv_heads=2, head_dim=32, max_position_embeddings=64)
   c.task = common.arithmetic_task(num_digits=2, num_train=4096, num_held_out=256)
-  c.warmstart = ConfigDict(dict(steps=600, batch_size=128, lr=3e-3, slip_rate=0.7))
+  c.warmstart = ConfigDict(dict(steps=1000, batch_size=128, lr=3e-3, slip_rate=0.7))
 
   c.trainer.loss_config.beta1 = 0.5
   c.trainer.loss_config.beta2 = 0.5
-  c.trainer.optim.update(lr=3e-4, b1=0.9, b2=0.95, weight_decay=0.0, max_grad_norm=1.0)
+  c.trainer.optim.update(lr=1e-4, b1=0.9, b2=0.95, weight_decay=0.0, max_grad_norm=1.0)
 
   c.sampler.update(num_slots=128, max_prefill_length=8, max_new_tokens=6, temperature=1.0, top_p=1.0,
                    steps_per_sync=8)

@@ -62,6 +62,9 @@ class Reporter:
         f.write(f"- **{key}**: {value:.4g}\n" if isinstance(value, float) else f"- **{key}**: {value}\n")
     return paths
 
+  def close(self) -> None:
+    self.writer.close()
+
 
 def _series(history: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
   rows = [(h["step"], h[key]) for h in history if key in h]

@@ -12,16 +12,16 @@ from oapl_jax.rl.buffer import RolloutBuffer
 
 
 def tiny_config(**loop_overrides):
-  """configs/arithmetic.py shrunk: 1-digit addition, a smaller model, short windows."""
+  """configs/arithmetic.py shrunk: a smaller model, fewer prompts, short windows."""
   c = arithmetic.get_config()
   c.model.overrides.update(hidden_size=64, intermediate_size=256, head_dim=16)
-  c.task.update(num_digits=1, num_train=88, num_held_out=8)
-  c.warmstart.update(steps=150, batch_size=64)
+  c.task.update(num_train=2048, num_held_out=64)
+  c.warmstart.update(steps=1000, batch_size=64)
   c.sampler.update(num_slots=64, max_new_tokens=4)
   c.loop.update(sync_every=5, num_syncs=6, batch_prompts=8, prompts_per_rollout=16, group_size=8,
                 steps_per_rollout=3, eval_every_syncs=3)
   c.loop.update(**loop_overrides)
-  c.eval.update(num_prompts=8, samples=16, ks=(1, 4), max_new_tokens=4)
+  c.eval.update(num_prompts=64, samples=8, ks=(1, 4), max_new_tokens=4)
   c.checkpoint.every_syncs = 1
   return c
 
@@ -44,7 +44,7 @@ def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
   run = loop.setup(tiny_config(), str(tmp_path))
   summary = loop.train(run)
   start, end = summary["eval/held_out/pass@1 (start)"], summary["eval/held_out/pass@1 (end)"]
-  assert end > start + 0.25, (start, end)
+  assert start <= 0.4 and end >= start + 0.3, (start, end)
   # Every batch came from a buffer holding exactly the current snapshot's groups.
   assert seen_versions and all(held == {current} for current, held in seen_versions)
   assert sorted({v for v, _ in seen_versions}) == list(range(1, 7))  # one refresh per window

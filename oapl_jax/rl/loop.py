@@ -182,10 +182,15 @@ def train(run: Run) -> dict:
         run.checkpointer.save(step0 + L, state, meta)
     run.state, run.meta = state, meta
     return _finish(run, worker)
-  finally:
+  finally:  # a run is single-use: stop the worker thread and release writers, pools and files
     worker.stop()
     run.buffer.close()
-    run.checkpointer.wait()
+    worker.join(timeout=600)
+    run.checkpointer.close()
+    run.reporter.close()
+    close_reward = getattr(run.task.reward_fn, "close", None)
+    if close_reward is not None:
+      close_reward()
 
 
 def _finish_step(run: Run, step: int, metrics, extra: dict, last_fetch: float) -> None:
@@ -200,10 +205,12 @@ def _finish_step(run: Run, step: int, metrics, extra: dict, last_fetch: float) -
 def _finish(run: Run, worker: RolloutWorker) -> dict:
   """Final eval of the trained policy, then the PNG curve and summary."""
   done_steps = run.meta.syncs_done * run.cfg.loop.sync_every
+  finished = run.meta.syncs_done == run.cfg.loop.num_syncs
+  if finished:
+    run.sampler.refresh(run.state.params)
   summary: dict[str, Any] = {"trainer_steps": done_steps, "syncs": run.meta.syncs_done,
                              "snapshot_version": run.sampler.snapshot_version}
-  if run.meta.syncs_done == run.cfg.loop.num_syncs:
-    run.sampler.refresh(run.state.params)
+  if finished:
     final = _evaluate(run, done_steps)
     run.reporter.scalars(done_steps, final)
     history = run.reporter.history()

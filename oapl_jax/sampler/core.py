@@ -17,7 +17,6 @@ entries past a slot's position are invisible, so insert never has to clear anyth
 Sample s draws step t with fold_in(key_s, t), where key_s comes from (seed, prompt id, sample id):
 a sample's tokens do not depend on which slot it runs in or what runs beside it.
 """
-import contextlib
 import functools
 import time
 from typing import NamedTuple, Optional, Sequence
@@ -228,10 +227,8 @@ class Sampler:
     axes = (axes,) if isinstance(axes, str) else (axes or ())
     return int(np.prod([self.mesh.shape[a] for a in axes]))
 
-  @contextlib.contextmanager
   def _ctx(self):
-    with self.mesh, nn.logical_axis_rules(self.rules):
-      yield
+    return parallel.sharding_context(self.mesh, self.rules)
 
   # ---- parameters
   def refresh(self, trainer_params):
