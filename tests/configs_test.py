@@ -78,3 +78,17 @@ def test_chat_smoke_runs_a_step(name, chat_assets, tmp_path):
   assert run.task.train[0].answer == "2"
   summary = loop.train(run)
   assert summary["trainer_steps"] == 2 and "eval/test/pass@1 (end)" in summary
+
+
+def test_separate_sampler_and_trainer_meshes(tmp_path):
+  """mesh.sampler_devices: the sampler gets the last 4 of the 8 devices, the trainer FSDP over the first 4."""
+  c = importlib.import_module("configs.arithmetic").get_config("smoke")
+  c.mesh.sampler_devices = 4
+  c.loop.update(batch_prompts=4, prompts_per_rollout=4)
+  run = loop.setup(c, str(tmp_path))
+  trainer_devices = {d.id for d in run.state.params["embed"]["embedding"].sharding.device_set}
+  sampler_devices = set(run.sampler.mesh.device_ids.flat)
+  assert trainer_devices == {0, 1, 2, 3} and sampler_devices == {4, 5, 6, 7}
+  summary = loop.train(run)
+  assert summary["trainer_steps"] == 2
+  assert {d.id for d in run.sampler.params["embed"]["embedding"].sharding.device_set} == {4, 5, 6, 7}

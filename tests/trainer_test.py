@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from oapl_jax import objectives, parallel
 from oapl_jax.models import qwen
 from oapl_jax.models.config import QwenConfig
+from oapl_jax.benchmarks import train_bench
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig, make_schedule
 
@@ -29,19 +30,7 @@ def _params(config=CONFIG, seed=0):
 
 
 def _batch(B, G, T, seed=0, prompt_len=4, vocab=CONFIG.vocab_size):
-  """Right-padded [B,G,T] batch: prompt, response of random length (>= 1 token), padding."""
-  rng = np.random.default_rng(seed)
-  seq = rng.integers(0, vocab, (B, G, T + 1)).astype(np.int32)
-  resp_len_BxG = rng.integers(1, T - prompt_len + 2, (B, G))
-  t = np.arange(T)
-  mask = (t >= prompt_len - 1) & (t < prompt_len - 1 + resp_len_BxG[..., None])
-  return {
-      "tokens": seq[..., :-1], "targets": seq[..., 1:],
-      "positions": np.broadcast_to(t, (B, G, T)).astype(np.int32),
-      "response_mask": mask.astype(np.float32),
-      "sampler_token_logp": np.where(mask, -rng.uniform(4.0, 7.0, mask.shape), 0.0).astype(np.float32),
-      "rewards": rng.integers(0, 2, (B, G)).astype(np.float32),
-  }
+  return train_bench.make_batch(B, G, T, vocab, seed=seed, prompt_len=prompt_len, min_response=1)
 
 
 def _run(config, model_config, params, mesh, batches):

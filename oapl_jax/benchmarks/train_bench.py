@@ -29,10 +29,11 @@ from oapl_jax.rl.optim import OptimConfig
 BETA1, BETA2, LR, MAX_GRAD_NORM = 1.0, 1e-3, 1e-5, 1.0
 
 
-def make_batch(B, G, T, vocab, seed=0, prompt_len=16):
+def make_batch(B, G, T, vocab, seed=0, prompt_len=16, min_response=None):
+  """Right-padded random [B,G,T] trainer batch: prompt, response of random length, padding."""
   rng = np.random.default_rng(seed)
   seq = rng.integers(0, vocab, (B, G, T + 1)).astype(np.int32)
-  resp_len_BxG = rng.integers(T // 2, T - prompt_len + 2, (B, G))
+  resp_len_BxG = rng.integers(T // 2 if min_response is None else min_response, T - prompt_len + 2, (B, G))
   t = np.arange(T)
   mask = (t >= prompt_len - 1) & (t < prompt_len - 1 + resp_len_BxG[..., None])
   return {
