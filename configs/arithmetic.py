@@ -34,7 +34,7 @@ def get_config(arg: str = "") -> ConfigDict:
 
   if arg == "smoke":  # seconds on CPU: one window of two steps
     c.warmstart.steps = 2
-    c.loop.update(sync_every=2, num_syncs=1, batch_prompts=2, prompts_per_rollout=2, group_size=4, steps_per_rollout=1)
+    c.loop.update(sync_every=2, num_syncs=1, batch_prompts=8, prompts_per_rollout=8, group_size=4, steps_per_rollout=1)
     c.eval.num_prompts = 4
   elif arg:
     raise ValueError(f"unknown variant {arg!r}; known: '' (default), 'smoke'")

@@ -50,6 +50,7 @@ def shrink_for_cpu(c: ConfigDict) -> None:
   c.task.update(reward_workers=1, max_train=8)
   c.trainer.micro_batches = 1
   c.sampler.update(num_slots=8, max_prefill_length=256, max_new_tokens=8, dtype="float32", steps_per_sync=4)
-  c.loop.update(sync_every=2, num_syncs=1, batch_prompts=2, prompts_per_rollout=2, group_size=2, steps_per_rollout=1,
+  c.loop.update(sync_every=2, num_syncs=1, batch_prompts=8, prompts_per_rollout=8, group_size=2, steps_per_rollout=1,
                 eval_every_syncs=1)
   c.eval.update(num_prompts=2, samples=2, ks=(1, 2), max_new_tokens=8)
+  c.mesh.update(trainer_ici=(1, -1, 1), sampler_ici=(1, -1, 1), sampler_devices=0)  # tiny heads: no tensor split

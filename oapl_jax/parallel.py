@@ -125,6 +125,13 @@ def init_sharded(init_fn: Callable[[], Any], mesh: Mesh, rules) -> tuple[Any, An
   return params, shardings
 
 
+def axis_size(mesh: Mesh, rules, logical_name: str) -> int:
+  """How many ways `mesh` splits an axis with this logical name (1 if replicated)."""
+  axes = dict(rules).get(logical_name)
+  axes = (axes,) if isinstance(axes, str) else (axes or ())
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
 def reshard(tree, shardings, donate: bool = False):
   """Device-to-device copy of `tree` into `shardings` (possibly another mesh); never via host.
 

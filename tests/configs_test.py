@@ -46,6 +46,13 @@ def test_missing_paths_name_the_config_field(tmp_path):
     loop.setup(c, str(tmp_path / "run"))
 
 
+def test_batch_that_does_not_divide_over_the_mesh_is_refused(tmp_path):
+  c = importlib.import_module("configs.arithmetic").get_config("smoke")
+  c.loop.update(batch_prompts=2, prompts_per_rollout=2)
+  with pytest.raises(ValueError, match=r"batch_prompts=2 .* over the 8 devices"):
+    loop.setup(c, str(tmp_path))
+
+
 def test_arithmetic_smoke_runs_a_step(tmp_path):
   summary = loop.train(loop.setup(importlib.import_module("configs.arithmetic").get_config("smoke"), str(tmp_path)))
   assert summary["trainer_steps"] == 2 and summary["syncs"] == 1
@@ -71,7 +78,8 @@ def test_chat_smoke_runs_a_step(name, chat_assets, tmp_path):
   model_dir, data = chat_assets
   c = importlib.import_module(f"configs.{name}").get_config("smoke")
   c.model.checkpoint = model_dir
-  c.task.update(tokenizer_dir=model_dir, train_path=data, eval_paths={"test": data})
+  c.task.update(tokenizer_dir=model_dir, train_path=data)
+  c.task.eval_paths = {"test": data}  # replace the paper's eval sets (update() would merge)
   if name == "gsm8k":
     c.task.answer_key = "answer_gsm"  # "... #### 4": the answer after '####' is what is scored
   run = loop.setup(c, str(tmp_path))
@@ -84,7 +92,7 @@ def test_separate_sampler_and_trainer_meshes(tmp_path):
   """mesh.sampler_devices: the sampler gets the last 4 of the 8 devices, the trainer FSDP over the first 4."""
   c = importlib.import_module("configs.arithmetic").get_config("smoke")
   c.mesh.sampler_devices = 4
-  c.loop.update(batch_prompts=4, prompts_per_rollout=4)
+  c.loop.update(batch_prompts=4, prompts_per_rollout=4)  # the trainer splits the batch over its 4 devices
   run = loop.setup(c, str(tmp_path))
   trainer_devices = {d.id for d in run.state.params["embed"]["embedding"].sharding.device_set}
   sampler_devices = set(run.sampler.mesh.device_ids.flat)

@@ -69,6 +69,11 @@ def setup(cfg, workdir: str) -> Run:
                      f"{loop.prompts_per_rollout}: a step would need groups from chunks not yet visible")
   rules = parallel.rules_from_config(cfg.mesh.rules)
   trainer_mesh, sampler_mesh = build_meshes(cfg.mesh)
+  shards = parallel.axis_size(trainer_mesh, rules, "batch")
+  if (loop.batch_prompts // cfg.trainer.micro_batches) % shards or loop.batch_prompts % cfg.trainer.micro_batches:
+    raise ValueError(f"loop.batch_prompts={loop.batch_prompts} must split into trainer.micro_batches="
+                     f"{cfg.trainer.micro_batches} micro-batches whose size divides over the {shards} devices the "
+                     f"trainer mesh {dict(trainer_mesh.shape)} splits the batch over")
   task, eval_sets = build_task(cfg.task)
   model_config, params = build_model(cfg.model, trainer_mesh, rules, cfg.seed)
   longest_prompt = max(len(p.prompt_tokens) for p in list(task.train) + [q for s in eval_sets.values() for q in s])

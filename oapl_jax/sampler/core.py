@@ -223,9 +223,7 @@ class Sampler:
     self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(c.jnp_param_dtype), p))
 
   def _batch_shards(self) -> int:
-    axes = dict(self.rules).get("cache_batch")
-    axes = (axes,) if isinstance(axes, str) else (axes or ())
-    return int(np.prod([self.mesh.shape[a] for a in axes]))
+    return parallel.axis_size(self.mesh, self.rules, "cache_batch")
 
   def _ctx(self):
     return parallel.sharding_context(self.mesh, self.rules)
