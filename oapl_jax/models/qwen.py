@@ -20,19 +20,23 @@ Array = jax.Array
 
 
 class KVCache(NamedTuple):
-  """Per-layer keys/values, stacked over layers: [layers, batch, max_len, kv_heads, head_dim]."""
+  """Per-layer keys/values, stacked over layers: [layers, batch, kv_heads, max_len, head_dim].
+
+  Head-major, so attention reads each layer's block without a transpose; the whole stack rides
+  through the layer scan as carry and is updated in place (a decode step writes one position).
+  """
 
   k: Array
   v: Array
 
 
 def init_cache(config: QwenConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+  shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
   dtype = dtype or config.jnp_dtype
   return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
-CACHE_LOGICAL_AXES = KVCache(*(("layers", "cache_batch", "cache_length", "cache_kv_heads", "head_dim"),) * 2)
+CACHE_LOGICAL_AXES = KVCache(*(("layers", "cache_batch", "cache_kv_heads", "cache_length", "head_dim"),) * 2)
 
 
 def _constrain(x, names):
@@ -71,18 +75,42 @@ def _dense(features, axes, config, name, bias=False, in_axes=-1):
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
 
 
-def _write_cache(cache_BxSxKxD, new_BxTxKxD, write_index_B):
-  """Write T new entries into each row of the cache at that row's own offset."""
-  def one_row(row_SxKxD, new_TxKxD, start):
-    return jax.lax.dynamic_update_slice(row_SxKxD, new_TxKxD.astype(row_SxKxD.dtype), (start, 0, 0))
-  return jax.vmap(one_row)(cache_BxSxKxD, new_BxTxKxD, write_index_B)
+def _write_cache(cache_LxBxKxSxD, layer, new_BxTxKxD, write_index_B):
+  """Scatter T new entries of every row into layer `layer` at that row's own offset (in place).
+
+  Returns (updated stack, the updated layer block [B, K, S, D]).
+  """
+  B, T = new_BxTxKxD.shape[:2]
+  rows_Bx1 = jnp.arange(B)[:, None]
+  slots_BxT = write_index_B[:, None] + jnp.arange(T)[None, :]
+  # Advanced indices (layer, rows, slots) around the head slice: the indexed block is [B, T, K, D].
+  cache_LxBxKxSxD = cache_LxBxKxSxD.at[layer, rows_Bx1, :, slots_BxT, :].set(
+      new_BxTxKxD.astype(cache_LxBxKxSxD.dtype), mode="drop")
+  return cache_LxBxKxSxD, cache_LxBxKxSxD[layer]
+
+
+# One query position (decode): many tiny per-(row, head) matmuls are slow as batched dots on
+# CPU, so the products are written as a fused multiply-reduce there; the math is identical.
+def _attention_dot(q_BxTxKxGxD, k_BxKxSxD):
+  if q_BxTxKxGxD.shape[1] == 1:
+    prod = q_BxTxKxGxD[:, 0, :, :, None, :].astype(jnp.float32) * k_BxKxSxD[:, :, None].astype(jnp.float32)
+    return jnp.sum(prod, axis=-1)[:, :, :, None, :]  # [B, K, G, 1, S]
+  return jnp.einsum("btkgd,bksd->bkgts", q_BxTxKxGxD, k_BxKxSxD, preferred_element_type=jnp.float32)
+
+
+def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
+  if probs_BxKxGxTxS.shape[3] == 1:
+    out_BxKxGxD = jnp.sum(probs_BxKxGxTxS[:, :, :, 0, :, None].astype(jnp.float32)
+                          * v_BxKxSxD[:, :, None].astype(jnp.float32), axis=3)
+    return out_BxKxGxD[:, None].astype(v_BxKxSxD.dtype)  # [B, 1, K, G, D]
+  return jnp.einsum("bkgts,bksd->btkgd", probs_BxKxGxTxS, v_BxKxSxD)
 
 
 class Attention(nn.Module):
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS, layer_cache, write_index_B):
+  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS, cache, layer, write_index_B):
     c = self.config
     q = _dense((c.num_heads, c.head_dim), ("embed", "q_heads", "head_dim"), c, "q_proj", c.qkv_bias)(x_BxTxE)
     k = _dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c, "k_proj", c.qkv_bias)(x_BxTxE)
@@ -93,26 +121,25 @@ class Attention(nn.Module):
     q = _constrain(rope(q, positions_BxT, c.rope_theta), ("activation_batch", "activation_length", "activation_heads", None))
     k = rope(k, positions_BxT, c.rope_theta)
 
-    if layer_cache is None:  # training / scoring: keys are this call's tokens, index == position
-      keys_BxSxKxD, values_BxSxKxD, new_cache = k, v, None
+    if cache is None:  # training / scoring: keys are this call's tokens, index == position
+      keys_BxKxSxD, values_BxKxSxD, new_cache = k.swapaxes(1, 2), v.swapaxes(1, 2), None
       key_pos_BxS = positions_BxT
     else:
-      keys_BxSxKxD = _write_cache(layer_cache.k, k, write_index_B)
-      values_BxSxKxD = _write_cache(layer_cache.v, v, write_index_B)
-      new_cache = KVCache(keys_BxSxKxD, values_BxSxKxD)
-      key_pos_BxS = jnp.broadcast_to(jnp.arange(keys_BxSxKxD.shape[1]), keys_BxSxKxD.shape[:2])
+      cache_k, keys_BxKxSxD = _write_cache(cache.k, layer, k, write_index_B)
+      cache_v, values_BxKxSxD = _write_cache(cache.v, layer, v, write_index_B)
+      new_cache = KVCache(cache_k, cache_v)
+      key_pos_BxS = jnp.broadcast_to(jnp.arange(keys_BxKxSxD.shape[2]), keys_BxKxSxD.shape[:1] + keys_BxKxSxD.shape[2:3])
 
     B, T, H, D = q.shape
     K = c.num_kv_heads
     q_BxTxKxGxD = q.reshape(B, T, K, H // K, D)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q_BxTxKxGxD, keys_BxSxKxD.astype(q.dtype),
-                        preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(D))
+    scores = _attention_dot(q_BxTxKxGxD, keys_BxKxSxD.astype(q.dtype)) / jnp.sqrt(jnp.float32(D))
     visible_BxTxS = key_pos_BxS[:, None, :] <= positions_BxT[:, :, None]
     if key_mask_BxS is not None:
       visible_BxTxS &= key_mask_BxS[:, None, :].astype(bool)
     scores = jnp.where(visible_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, values_BxSxKxD.astype(q.dtype)).reshape(B, T, H, D)
+    out = _attention_mix(probs, values_BxKxSxD.astype(q.dtype)).reshape(B, T, H, D)
     out = _dense(c.hidden_size, ("q_heads", "head_dim", "embed"), c, "o_proj", in_axes=(-2, -1))(out)
     return out, new_cache
 
@@ -130,20 +157,21 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One block; signature fits nn.scan: (carry, scanned, *broadcast) -> (carry, scanned_out)."""
+  """One block; signature fits nn.scan: ((x, cache), layer index, *broadcast) -> ((x, cache), None)."""
 
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, layer_cache, positions_BxT, key_mask_BxS, write_index_B):
+  def __call__(self, carry, layer, positions_BxT, key_mask_BxS, write_index_B):
+    x_BxTxE, cache = carry
     c = self.config
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
-    attn, new_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache, write_index_B)
+    attn, new_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, cache, layer, write_index_B)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
     x_BxTxE = x_BxTxE + MLP(c, name="mlp")(h)
     x_BxTxE = _constrain(x_BxTxE, ("activation_batch", "activation_length", "activation_embed"))
-    return x_BxTxE, new_cache
+    return (x_BxTxE, new_cache), None
 
 
 class Qwen(nn.Module):
@@ -171,7 +199,8 @@ class Qwen(nn.Module):
       write_index_B = positions_BxT[:, 0]
     x = self.embed(tokens_BxT)
     x = _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
-    x, new_cache = self.layers(x, cache, positions_BxT, key_mask_BxS, write_index_B)
+    (x, new_cache), _ = self.layers((x, cache), jnp.arange(self.config.num_layers), positions_BxT, key_mask_BxS,
+                                    write_index_B)
     return self.final_norm(x), new_cache
 
   def logits(self, hidden_BxTxE):

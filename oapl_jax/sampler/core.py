@@ -38,7 +38,7 @@ MIN_PREFILL_BUCKET = 8
 
 
 class Prefix(NamedTuple):
-  """A prefilled batch of prompts: cache [layers, B, T, kv_heads, head_dim], T a length bucket."""
+  """A prefilled batch of prompts: cache [layers, B, kv_heads, T, head_dim], T a length bucket."""
 
   cache: qwen.KVCache
   last_token_B: jax.Array  # int32, each prompt's last token (fed again by the first decode step)
@@ -48,7 +48,7 @@ class Prefix(NamedTuple):
 class DecodeState(NamedTuple):
   """Everything a decode step reads and writes, for S slots and N new tokens at most."""
 
-  cache: qwen.KVCache  # [layers, S, max_len, kv_heads, head_dim]
+  cache: qwen.KVCache  # [layers, S, kv_heads, max_len, head_dim]
   tokens_S: jax.Array  # int32, token fed at the next step (last prompt token, then last sampled)
   positions_S: jax.Array  # int32, absolute position of tokens_S
   num_generated_S: jax.Array  # int32, tokens sampled so far
@@ -87,9 +87,9 @@ def prefill_fn(config: QwenConfig, params, tokens_BxT, lengths_B) -> Prefix:
 
 def insert_fn(prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2, max_new_M) -> DecodeState:
   """Rows `rows_M` of `prefix` start fresh samples in `slots_M`; slot index >= S is ignored (padding)."""
-  T = prefix.cache.k.shape[2]
-  max_len = state.cache.k.shape[2]
-  put_cache = lambda dst, src: dst.at[:, slots_M, :T].set(src[:, rows_M], mode="drop")  # noqa: E731
+  T = prefix.cache.k.shape[3]
+  max_len = state.cache.k.shape[3]
+  put_cache = lambda dst, src: dst.at[:, slots_M, :, :T].set(src[:, rows_M], mode="drop")  # noqa: E731
   cache = qwen.KVCache(put_cache(state.cache.k, prefix.cache.k), put_cache(state.cache.v, prefix.cache.v))
   length_M = prefix.length_B[rows_M]
   max_new_M = jnp.minimum(max_new_M, jnp.minimum(state.out_tokens_SxN.shape[1], max_len - length_M + 1))
@@ -202,7 +202,7 @@ class Sampler:
     repl = NamedSharding(self.mesh, PartitionSpec())
     slot_axis = "cache_batch"
     cache_state = spec(*qwen.CACHE_LOGICAL_AXES.k)
-    cache_prefix = spec("layers", None, "cache_length", "cache_kv_heads", "head_dim")
+    cache_prefix = spec("layers", None, "cache_kv_heads", "cache_length", "head_dim")
     per_slot, per_slot_row = spec(slot_axis), spec(slot_axis, None)
     self.state_shardings = DecodeState(
         cache=qwen.KVCache(cache_state, cache_state), tokens_S=per_slot, positions_S=per_slot,

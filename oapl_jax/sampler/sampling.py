@@ -32,6 +32,13 @@ def filter_logits(z_SxV: jax.Array, top_p, top_k) -> jax.Array:
   return jnp.where(z_SxV >= threshold_S, z_SxV, -jnp.inf)
 
 
+def _inverse_cdf_sample(keys_Sx2, logp_SxV):
+  """One uniform per row against the row's CDF: exact, and far cheaper than a Gumbel per vocab entry."""
+  cdf_SxV = jnp.cumsum(jnp.exp(logp_SxV), axis=-1)
+  u_S = jax.vmap(lambda key: jax.random.uniform(key, dtype=jnp.float32))(keys_Sx2) * cdf_SxV[:, -1]
+  return jnp.minimum(jnp.sum(cdf_SxV <= u_S[:, None], axis=-1), logp_SxV.shape[-1] - 1)
+
+
 def sample_tokens(logits_SxV: jax.Array, keys_Sx2: jax.Array, temperature, top_p, top_k):
   """Draw one token per row. Returns (tokens_S int32, logp_S float32).
 
@@ -43,7 +50,7 @@ def sample_tokens(logits_SxV: jax.Array, keys_Sx2: jax.Array, temperature, top_p
   needs_filter = (~greedy) & ((top_k > 0) | (top_p < 1.0))
   z_SxV = jax.lax.cond(needs_filter, lambda z: filter_logits(z, top_p, top_k), lambda z: z, z_SxV)
   logp_SxV = jax.nn.log_softmax(z_SxV, axis=-1)
-  sampled_S = jax.vmap(jax.random.categorical)(keys_Sx2, z_SxV)
+  sampled_S = _inverse_cdf_sample(keys_Sx2, logp_SxV)
   argmax_S = jnp.argmax(logits_SxV, axis=-1)
   tokens_S = jnp.where(greedy, argmax_S, sampled_S).astype(jnp.int32)
   greedy_logp_SxV = jax.nn.log_softmax(logits_SxV, axis=-1)
