@@ -186,7 +186,7 @@ def train(run: Run) -> dict:
       if (sync + 1) % cfg.checkpoint.every_syncs == 0 or sync + 1 == loop.num_syncs:
         run.checkpointer.save(step0 + L, state, meta)
     run.state, run.meta = state, meta
-    return _finish(run, worker)
+    return _finish(run)
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
     worker.stop()
     run.buffer.close()
@@ -207,7 +207,7 @@ def _finish_step(run: Run, step: int, metrics, extra: dict, last_fetch: float) -
   run.reporter.scalars(step, scalars)
 
 
-def _finish(run: Run, worker: RolloutWorker) -> dict:
+def _finish(run: Run) -> dict:
   """Final eval of the trained policy, then the PNG curve and summary."""
   done_steps = run.meta.syncs_done * run.cfg.loop.sync_every
   finished = run.meta.syncs_done == run.cfg.loop.num_syncs
