@@ -1,4 +1,6 @@
 """Tiny random Hugging Face Qwen checkpoints written with `transformers`, for parity tests."""
+import os
+
 import torch
 import transformers
 
@@ -26,6 +28,7 @@ def make_hf_checkpoint(path, family: str = "qwen3", tie: bool = False, seed: int
   """Write a tiny checkpoint directory (config.json + safetensors) and return the torch model."""
   model = make_hf_model(family, tie, seed, **overrides)
   model.save_pretrained(str(path))
+  assert os.path.exists(os.path.join(path, "config.json")), f"transformers wrote no config.json in {path}"
   return model
 
 
