@@ -10,15 +10,15 @@ Toy-task betas: see DESIGN.md (one update moves log pi by about A*/beta2; 1e-3 i
 """
 from ml_collections import ConfigDict
 
-from configs import common
+from oapl_jax import config_base
 
 
 def get_config(arg: str = "") -> ConfigDict:
-  c = common.base_config()
+  c = config_base.base_config()
   c.model.preset = "tiny"
   c.model.overrides = dict(vocab_size=32, hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4,
                            num_kv_heads=2, head_dim=32, max_position_embeddings=64)
-  c.task = common.arithmetic_task(num_digits=2, num_train=4096, num_held_out=256)
+  c.task = config_base.arithmetic_task(num_digits=2, num_train=4096, num_held_out=256)
   c.warmstart = ConfigDict(dict(steps=1000, batch_size=128, lr=3e-3, slip_rate=0.7))
 
   c.trainer.loss_config.beta1 = 0.5

@@ -10,7 +10,7 @@ Responses are short, so L is shorter than the paper's 50 and beta2 larger than i
 """
 from ml_collections import ConfigDict
 
-from configs import common
+from oapl_jax import config_base
 
 
 def get_config(arg: str = "") -> ConfigDict:
@@ -18,9 +18,9 @@ def get_config(arg: str = "") -> ConfigDict:
   model = {"": "Qwen3-0.6B", "qwen3": "Qwen3-0.6B", "qwen2.5": "Qwen2.5-0.5B-Instruct", "smoke": "Qwen3-0.6B"}
   if variant not in model:
     raise ValueError(f"unknown variant {arg!r}; known: {sorted(model)}")
-  c = common.base_config()
+  c = config_base.base_config()
   c.model.update(checkpoint=f"~/models/{model[variant]}", dtype="bfloat16", remat=True)
-  c.task = common.chat_task(tokenizer_dir=f"~/models/{model[variant]}", train_path="~/data/gsm8k/train.jsonl",
+  c.task = config_base.chat_task(tokenizer_dir=f"~/models/{model[variant]}", train_path="~/data/gsm8k/train.jsonl",
                             eval_paths={"gsm8k_test": "~/data/gsm8k/test.jsonl"})
   c.task.update(problem_key="question", answer_key="answer", answer_after="####")
   c.trainer.loss_config.update(beta1=1.0, beta2=1e-2)
@@ -31,5 +31,5 @@ def get_config(arg: str = "") -> ConfigDict:
                 steps_per_rollout=1, eval_every_syncs=5)
   c.eval.update(num_prompts=1319, samples=4, ks=(1, 4), max_new_tokens=1024)
   if variant == "smoke":
-    common.shrink_for_cpu(c)
+    config_base.shrink_for_cpu(c)
   return c

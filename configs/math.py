@@ -14,15 +14,15 @@ The data files hold {"problem", "answer"} records (JSONL or Parquet) as the data
 """
 from ml_collections import ConfigDict
 
-from configs import common
+from oapl_jax import config_base
 
 DATA = "~/data"  # edit, or override each path on the command line
 
 
 def get_config(arg: str = "") -> ConfigDict:
-  c = common.base_config()
+  c = config_base.base_config()
   c.model.update(checkpoint="~/models/Qwen3-4B-Thinking-2507", param_dtype="float32", dtype="bfloat16", remat=True)
-  c.task = common.chat_task(
+  c.task = config_base.chat_task(
       tokenizer_dir="~/models/Qwen3-4B-Thinking-2507", train_path=f"{DATA}/deepscaler/train.jsonl",
       eval_paths={"aime25": f"{DATA}/aime25.jsonl", "hmmt25_feb": f"{DATA}/hmmt25_feb.jsonl",
                   "hmmt25_nov": f"{DATA}/hmmt25_nov.jsonl", "brumo25": f"{DATA}/brumo25.jsonl"})
@@ -36,7 +36,7 @@ def get_config(arg: str = "") -> ConfigDict:
   c.eval.update(samples=10, ks=(1, 5, 10), temperature=0.6, top_p=0.95, max_new_tokens=16384)
   c.mesh.update(trainer_ici=(1, -1, 1), sampler_ici=(1, 1, -1), sampler_devices=0)
   if arg == "smoke":
-    common.shrink_for_cpu(c)
+    config_base.shrink_for_cpu(c)
   elif arg:
     raise ValueError(f"unknown variant {arg!r}; known: '' (paper), 'smoke'")
   return c

@@ -10,7 +10,7 @@ from oapl_jax.rl import loop
 from tests.hf_fixtures import make_chat_tokenizer, make_hf_checkpoint
 
 CONFIGS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.py"))
-                 if not os.path.basename(p).startswith(("_", "common")))
+                 if not os.path.basename(p).startswith("_"))
 
 
 def test_all_configs_are_covered():

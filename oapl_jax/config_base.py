@@ -1,4 +1,6 @@
-"""Defaults every experiment config starts from (fields documented once, here)."""
+"""Defaults every experiment config (configs/*.py) starts from, each field documented once, here.
+
+It lives in the package so config files import it however they are loaded (python -m, oapl-train, Colab)."""
 from ml_collections import ConfigDict
 
 
