@@ -6,6 +6,9 @@ the same module serves training (no cache) and the sampler (prefill + decode).
 
 Attention uses key index == absolute position, so right-padded prompts need only a causal mask:
 garbage written past a row's true length is never visible to a query at an earlier position.
+With a cache, each layer attends over the old cache (entries before this call's write index) plus
+this call's own keys, and returns the new keys/values; one scatter after the layer scan writes them
+into the cache, in place. (Writing inside the scan made XLA copy the whole cache every step.)
 """
 from typing import Any, NamedTuple, Optional
 
@@ -22,8 +25,8 @@ Array = jax.Array
 class KVCache(NamedTuple):
   """Per-layer keys/values, stacked over layers: [layers, batch, kv_heads, max_len, head_dim].
 
-  Head-major, so attention reads each layer's block without a transpose; the whole stack rides
-  through the layer scan as carry and is updated in place (a decode step writes one position).
+  Head-major, so attention reads each layer's block without a transpose; `write_cache` adds a
+  call's new entries after the layer scan (a decode step writes one position per row).
   """
 
   k: Array
@@ -75,18 +78,18 @@ def _dense(features, axes, config, name, bias=False, in_axes=-1):
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
 
 
-def _write_cache(cache_LxBxKxSxD, layer, new_BxTxKxD, write_index_B):
-  """Scatter T new entries of every row into layer `layer` at that row's own offset (in place).
-
-  Returns (updated stack, the updated layer block [B, K, S, D]).
-  """
-  B, T = new_BxTxKxD.shape[:2]
+def write_cache(cache: "KVCache", new_k_LxBxKxTxD, new_v_LxBxKxTxD, write_index_B) -> "KVCache":
+  """Scatter every layer's T new entries into each row at that row's own offset."""
+  B, T = new_k_LxBxKxTxD.shape[1], new_k_LxBxKxTxD.shape[3]
   rows_Bx1 = jnp.arange(B)[:, None]
   slots_BxT = write_index_B[:, None] + jnp.arange(T)[None, :]
-  # Advanced indices (layer, rows, slots) around the head slice: the indexed block is [B, T, K, D].
-  cache_LxBxKxSxD = cache_LxBxKxSxD.at[layer, rows_Bx1, :, slots_BxT, :].set(
-      new_BxTxKxD.astype(cache_LxBxKxSxD.dtype), mode="drop")
-  return cache_LxBxKxSxD, cache_LxBxKxSxD[layer]
+
+  def put(cache_LxBxKxSxD, new_LxBxKxTxD):
+    # Advanced indices (rows, slots) around the head slice: the indexed block is [B, T, L, K, D].
+    block = new_LxBxKxTxD.transpose(1, 3, 0, 2, 4).astype(cache_LxBxKxSxD.dtype)
+    return cache_LxBxKxSxD.at[:, rows_Bx1, :, slots_BxT, :].set(block, mode="drop")
+
+  return KVCache(put(cache.k, new_k_LxBxKxTxD), put(cache.v, new_v_LxBxKxTxD))
 
 
 # One query position (decode): many tiny per-(row, head) matmuls are slow as batched dots on
@@ -110,7 +113,7 @@ class Attention(nn.Module):
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS, cache, layer, write_index_B):
+  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS, layer_cache, write_index_B):
     c = self.config
     q = _dense((c.num_heads, c.head_dim), ("embed", "q_heads", "head_dim"), c, "q_proj", c.qkv_bias)(x_BxTxE)
     k = _dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c, "k_proj", c.qkv_bias)(x_BxTxE)
@@ -121,27 +124,30 @@ class Attention(nn.Module):
     q = _constrain(rope(q, positions_BxT, c.rope_theta), ("activation_batch", "activation_length", "activation_heads", None))
     k = rope(k, positions_BxT, c.rope_theta)
 
-    if cache is None:  # training / scoring: keys are this call's tokens, index == position
-      keys_BxKxSxD, values_BxKxSxD, new_cache = k.swapaxes(1, 2), v.swapaxes(1, 2), None
-      key_pos_BxS = positions_BxT
-    else:
-      cache_k, keys_BxKxSxD = _write_cache(cache.k, layer, k, write_index_B)
-      cache_v, values_BxKxSxD = _write_cache(cache.v, layer, v, write_index_B)
-      new_cache = KVCache(cache_k, cache_v)
-      key_pos_BxS = jnp.broadcast_to(jnp.arange(keys_BxKxSxD.shape[2]), keys_BxKxSxD.shape[:1] + keys_BxKxSxD.shape[2:3])
-
     B, T, H, D = q.shape
     K = c.num_kv_heads
     q_BxTxKxGxD = q.reshape(B, T, K, H // K, D)
-    scores = _attention_dot(q_BxTxKxGxD, keys_BxKxSxD.astype(q.dtype)) / jnp.sqrt(jnp.float32(D))
-    visible_BxTxS = key_pos_BxS[:, None, :] <= positions_BxT[:, :, None]
+    k_BxKxTxD, v_BxKxTxD = k.swapaxes(1, 2), v.swapaxes(1, 2)
+    # This call's own tokens: causal by position (and the optional key mask).
+    visible_BxTxT = positions_BxT[:, None, :] <= positions_BxT[:, :, None]
     if key_mask_BxS is not None:
-      visible_BxTxS &= key_mask_BxS[:, None, :].astype(bool)
-    scores = jnp.where(visible_BxTxS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+      visible_BxTxT &= key_mask_BxS[:, None, :].astype(bool)
+    scores = _attention_dot(q_BxTxKxGxD, k_BxKxTxD.astype(q.dtype))
+    visible = visible_BxTxT
+    if layer_cache is not None:  # plus the cached entries written by earlier calls
+      old_k_BxKxSxD, old_v_BxKxSxD = layer_cache
+      S = old_k_BxKxSxD.shape[2]
+      old_visible_BxTxS = jnp.broadcast_to((jnp.arange(S)[None, :] < write_index_B[:, None])[:, None, :], (B, T, S))
+      scores = jnp.concatenate([_attention_dot(q_BxTxKxGxD, old_k_BxKxSxD.astype(q.dtype)), scores], axis=-1)
+      visible = jnp.concatenate([old_visible_BxTxS, visible_BxTxT], axis=-1)
+    scores = jnp.where(visible[:, None, None], scores / jnp.sqrt(jnp.float32(D)), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = _attention_mix(probs, values_BxKxSxD.astype(q.dtype)).reshape(B, T, H, D)
+    out = _attention_mix(probs[..., -T:], v_BxKxTxD.astype(q.dtype))
+    if layer_cache is not None:
+      out = out + _attention_mix(probs[..., :-T], old_v_BxKxSxD.astype(q.dtype))
+    out = out.reshape(B, T, H, D)
     out = _dense(c.hidden_size, ("q_heads", "head_dim", "embed"), c, "o_proj", in_axes=(-2, -1))(out)
-    return out, new_cache
+    return out, (k_BxKxTxD, v_BxKxTxD)
 
 
 class MLP(nn.Module):
@@ -157,21 +163,20 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One block; signature fits nn.scan: ((x, cache), layer index, *broadcast) -> ((x, cache), None)."""
+  """One block; fits nn.scan: (x, this layer's old cache or None, *broadcast) -> (x, its new k/v)."""
 
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, carry, layer, positions_BxT, key_mask_BxS, write_index_B):
-    x_BxTxE, cache = carry
+  def __call__(self, x_BxTxE, layer_cache, positions_BxT, key_mask_BxS, write_index_B):
     c = self.config
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
-    attn, new_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, cache, layer, write_index_B)
+    attn, new_kv = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache, write_index_B)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
     x_BxTxE = x_BxTxE + MLP(c, name="mlp")(h)
     x_BxTxE = _constrain(x_BxTxE, ("activation_batch", "activation_length", "activation_embed"))
-    return (x_BxTxE, new_cache), None
+    return x_BxTxE, new_kv
 
 
 class Qwen(nn.Module):
@@ -199,8 +204,8 @@ class Qwen(nn.Module):
       write_index_B = positions_BxT[:, 0]
     x = self.embed(tokens_BxT)
     x = _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
-    (x, new_cache), _ = self.layers((x, cache), jnp.arange(self.config.num_layers), positions_BxT, key_mask_BxS,
-                                    write_index_B)
+    x, (new_k, new_v) = self.layers(x, cache, positions_BxT, key_mask_BxS, write_index_B)
+    new_cache = None if cache is None else write_cache(cache, new_k, new_v, write_index_B)
     return self.final_norm(x), new_cache
 
   def logits(self, hidden_BxTxE):
