@@ -2,6 +2,7 @@
 
   python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo      (make demo)
   python -m oapl_jax.main --config configs/arithmetic.py:smoke --workdir /tmp/smoke
+  python -m oapl_jax.main --config configs/arithmetic.py:grpo --workdir runs/grpo   # the GRPO baseline
 
 The model is warm-started by a short supervised phase on an imperfect teacher: 70% of the
 demonstrations slip on the last digit. It learns addition, and the slip, so held-out pass@1 at
@@ -32,12 +33,15 @@ def get_config(arg: str = "") -> ConfigDict:
   c.eval.update(num_prompts=256, samples=4, ks=(1, 4), temperature=0.6, top_p=0.95, max_new_tokens=6)
   c.checkpoint.every_syncs = 2
 
-  if arg == "smoke":  # seconds on CPU: one window of two steps
+  parts = set(arg.split(",")) - {""}
+  if parts - {"grpo", "smoke"}:
+    raise ValueError(f"unknown variant {arg!r}; known: '' (OAPL), 'grpo', 'smoke', 'grpo,smoke'")
+  if "grpo" in parts:  # the paper's baseline on the same task: token-level IS, clip 0.2, TIS cap 2
+    c.trainer.loss = "grpo"
+  if "smoke" in parts:  # seconds on CPU: one window of two steps
     c.warmstart.steps = 2
     c.loop.update(sync_every=2, num_syncs=1, batch_prompts=8, prompts_per_rollout=8, group_size=4, steps_per_rollout=1)
     c.eval.num_prompts = 4
-  elif arg:
-    raise ValueError(f"unknown variant {arg!r}; known: '' (default), 'smoke'")
   return c
 
 

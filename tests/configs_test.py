@@ -58,6 +58,16 @@ def test_arithmetic_smoke_runs_a_step(tmp_path):
   assert summary["trainer_steps"] == 2 and summary["syncs"] == 1
 
 
+def test_grpo_baseline_smoke_runs_a_step(tmp_path):
+  c = importlib.import_module("configs.arithmetic").get_config("grpo,smoke")
+  assert c.trainer.loss == "grpo"
+  loop.train(loop.setup(c, str(tmp_path)))
+  with open(tmp_path / "metrics.jsonl") as f:
+    history = [json.loads(line) for line in f]
+  clip = [h["train/clip_fraction"] for h in history if "train/clip_fraction" in h]
+  assert len(clip) == 2 and all(0.0 <= x <= 1.0 for x in clip)  # GRPO's own metrics, from the GRPO loss
+
+
 @pytest.fixture(scope="module")
 def chat_assets(tmp_path_factory):
   root = tmp_path_factory.mktemp("chat")
