@@ -53,6 +53,6 @@ def sample_tokens(logits_SxV: jax.Array, keys_Sx2: jax.Array, temperature, top_p
   sampled_S = _inverse_cdf_sample(keys_Sx2, logp_SxV)
   argmax_S = jnp.argmax(logits_SxV, axis=-1)
   tokens_S = jnp.where(greedy, argmax_S, sampled_S).astype(jnp.int32)
-  greedy_logp_SxV = jax.nn.log_softmax(logits_SxV, axis=-1)
-  logp_S = jnp.take_along_axis(jnp.where(greedy, greedy_logp_SxV, logp_SxV), tokens_S[:, None], axis=-1)[:, 0]
+  # Greedy: z is the raw logits and nothing is filtered, so logp is already the plain log-softmax.
+  logp_S = jnp.take_along_axis(logp_SxV, tokens_S[:, None], axis=-1)[:, 0]
   return tokens_S, logp_S
