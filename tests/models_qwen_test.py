@@ -1,5 +1,4 @@
 """Flax Qwen vs Hugging Face transformers: logits parity, log-probs, and sharded forward."""
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
