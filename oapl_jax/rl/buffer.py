@@ -18,30 +18,42 @@ import numpy as np
 from oapl_jax.sampler.rollout import RolloutGroups
 
 
-def pack_groups(groups: RolloutGroups, rewards_PxG: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-  """Prompt + response per sample -> right-padded next-token arrays [P, G, seq_len].
+def pack_sequences(prompts, responses, response_logps, seq_len: int) -> dict[str, np.ndarray]:
+  """Prompt + response per sample -> right-padded next-token arrays [N, seq_len].
 
   tokens[t] is fed to the model, targets[t] = sequence[t + 1]; response_mask and
   sampler_token_logp are aligned with targets (response token j sits at t = prompt_len - 1 + j).
+  `response_logps` may be None (demonstrations: zeros).
   """
-  P, G, N = groups.response_tokens.shape
-  out = {k: np.zeros((P, G, seq_len), np.int32) for k in ("tokens", "targets")}
-  out["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (P, G, seq_len)).copy()
-  out["response_mask"] = np.zeros((P, G, seq_len), np.float32)
-  out["sampler_token_logp"] = np.zeros((P, G, seq_len), np.float32)
-  for p in range(P):
-    prompt = groups.prompt_tokens[p, :groups.prompt_lengths[p]]
-    n_prompt = len(prompt)
-    for g in range(G):
-      n_resp = int(groups.lengths[p, g])
-      seq = np.concatenate([prompt, groups.response_tokens[p, g, :n_resp]])
-      if len(seq) - 1 > seq_len:
-        raise ValueError(f"prompt ({n_prompt}) + response ({n_resp}) tokens exceed the trainer's "
-                         f"sequence length {seq_len} + 1")
-      out["tokens"][p, g, :len(seq) - 1] = seq[:-1]
-      out["targets"][p, g, :len(seq) - 1] = seq[1:]
-      out["response_mask"][p, g, n_prompt - 1:n_prompt - 1 + n_resp] = 1.0
-      out["sampler_token_logp"][p, g, n_prompt - 1:n_prompt - 1 + n_resp] = groups.sampler_logp[p, g, :n_resp]
+  N = len(prompts)
+  out = {k: np.zeros((N, seq_len), np.int32) for k in ("tokens", "targets")}
+  out["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (N, seq_len)).copy()
+  out["response_mask"] = np.zeros((N, seq_len), np.float32)
+  out["sampler_token_logp"] = np.zeros((N, seq_len), np.float32)
+  for i, (prompt, response) in enumerate(zip(prompts, responses)):
+    n_prompt, n_resp = len(prompt), len(response)
+    seq = np.concatenate([np.asarray(prompt, np.int32), np.asarray(response, np.int32)])
+    if len(seq) - 1 > seq_len:
+      raise ValueError(f"prompt ({n_prompt}) + response ({n_resp}) tokens exceed the trainer's "
+                       f"sequence length {seq_len} + 1")
+    out["tokens"][i, :len(seq) - 1] = seq[:-1]
+    out["targets"][i, :len(seq) - 1] = seq[1:]
+    out["response_mask"][i, n_prompt - 1:n_prompt - 1 + n_resp] = 1.0
+    if response_logps is not None:
+      out["sampler_token_logp"][i, n_prompt - 1:n_prompt - 1 + n_resp] = response_logps[i]
+  return out
+
+
+def pack_groups(groups: RolloutGroups, rewards_PxG: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+  """A chunk of rollout groups -> trainer arrays [P, G, seq_len] (see `pack_sequences`) + rewards."""
+  P, G, _ = groups.response_tokens.shape
+  pg = [(p, g) for p in range(P) for g in range(G)]
+  lengths = [int(groups.lengths[p, g]) for p, g in pg]
+  packed = pack_sequences(
+      [groups.prompt_tokens[p, :groups.prompt_lengths[p]] for p, _ in pg],
+      [groups.response_tokens[p, g, :n] for (p, g), n in zip(pg, lengths)],
+      [groups.sampler_logp[p, g, :n] for (p, g), n in zip(pg, lengths)], seq_len)
+  out = {k: v.reshape(P, G, seq_len) for k, v in packed.items()}
   out["rewards"] = np.asarray(rewards_PxG, np.float32)
   return out
 

@@ -11,25 +11,16 @@ import numpy as np
 
 from oapl_jax import objectives
 from oapl_jax.rl import trainer
+from oapl_jax.rl.buffer import pack_sequences
 from oapl_jax.rl.optim import OptimConfig
 
 
 def pack_demonstrations(examples: Sequence, seq_len: int) -> dict[str, np.ndarray]:
   """(prompt_tokens, completion_tokens) examples -> a [N, 1, seq_len] trainer batch."""
-  N = len(examples)
-  batch = {k: np.zeros((N, 1, seq_len), np.int32) for k in ("tokens", "targets")}
-  batch["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (N, 1, seq_len)).copy()
-  batch["response_mask"] = np.zeros((N, 1, seq_len), np.float32)
-  for i, ex in enumerate(examples):
-    seq = np.asarray((*ex.prompt_tokens, *ex.completion_tokens), np.int32)
-    if len(seq) - 1 > seq_len:
-      raise ValueError(f"demonstration {i} has {len(seq)} tokens; the trainer sequence length is {seq_len} + 1")
-    batch["tokens"][i, 0, :len(seq) - 1] = seq[:-1]
-    batch["targets"][i, 0, :len(seq) - 1] = seq[1:]
-    n_prompt = len(ex.prompt_tokens)
-    batch["response_mask"][i, 0, n_prompt - 1:len(seq) - 1] = 1.0
-  batch["sampler_token_logp"] = np.zeros((N, 1, seq_len), np.float32)
-  batch["rewards"] = np.zeros((N, 1), np.float32)
+  packed = pack_sequences([ex.prompt_tokens for ex in examples], [ex.completion_tokens for ex in examples],
+                          None, seq_len)
+  batch = {k: v[:, None] for k, v in packed.items()}
+  batch["rewards"] = np.zeros((len(examples), 1), np.float32)
   return batch
 
 
