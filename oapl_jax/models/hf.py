@@ -196,7 +196,7 @@ def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "floa
     template, transform = table[key]
     transform = transform or (lambda w: w)
     stacked = "{i}" in template
-    hf_shape = _hf_shape(key, shape[1:] if stacked else shape)
+    hf_shape = _hf_shape(key, config, shape[1:] if stacked else shape)
 
     def block(idx, template=template, transform=transform, stacked=stacked, hf_shape=hf_shape):
       if not stacked:
@@ -209,17 +209,9 @@ def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "floa
   return config, traverse_util.unflatten_dict(flat)
 
 
-def _hf_shape(key, ours_shape):
-  """The HF tensor shape that maps onto our (per-layer) shape."""
-  if key[-1] == "bias":
-    return (int(np.prod(ours_shape)),)
-  if key[-2] in ("q_proj", "k_proj", "v_proj"):
-    return (int(np.prod(ours_shape[1:])), ours_shape[0])
-  if key[-2] == "o_proj":
-    return (ours_shape[-1], int(np.prod(ours_shape[:-1])))
-  if key[-1] == "kernel":
-    return tuple(reversed(ours_shape))
-  return tuple(ours_shape)
+def _hf_shape(key, config, ours_shape):
+  """The HF tensor shape that maps onto our (per-layer) shape: `_inverse` applied abstractly."""
+  return jax.eval_shape(lambda x: _inverse(key, config, x), jax.ShapeDtypeStruct(ours_shape, np.float32)).shape
 
 
 # ---------------------------------------------------------------- save
