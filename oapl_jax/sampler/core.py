@@ -240,11 +240,7 @@ class Sampler:
                        f"(expected {jax.tree.structure(self.param_shardings)})")
     needs_cast = any(x.dtype != self.config.jnp_param_dtype for x in jax.tree.leaves(trainer_params))
     params = parallel.reshard(self._cast(trainer_params) if needs_cast else trainer_params, self.param_shardings)
-    jax.block_until_ready(params)
-    self.last_refresh_seconds = time.perf_counter() - start
-    self.params = params
-    self.snapshot_version += 1
-    return params
+    return self._install(params, start)
 
   def load(self, path: str):
     """Load an HF checkpoint straight onto the sampler mesh as a new snapshot."""
@@ -256,6 +252,11 @@ class Sampler:
             "head_dim", "tie_word_embeddings", "qkv_bias", "qk_norm")
     if any(getattr(config, f) != getattr(self.config, f) for f in arch):
       raise ValueError(f"{path}: checkpoint architecture {config} does not match the sampler's {self.config}")
+    return self._install(params, start)
+
+  def _install(self, params, start: float):
+    """Make `params` the current snapshot: wait for the copy, record its time, bump the version."""
+    jax.block_until_ready(params)
     self.last_refresh_seconds = time.perf_counter() - start
     self.params = params
     self.snapshot_version += 1

@@ -66,8 +66,8 @@ def _sampler_of(engine_or_sampler) -> core.Sampler:
   return sampler
 
 
-def validate(sampler: core.Sampler, prompts, group_size: int, max_new_tokens: int, temperature: float,
-             top_p: float, top_k: int, stop_tokens: Sequence[int]):
+def validate(sampler: core.Sampler, prompts, group_size: int, max_new_tokens: int, stop_tokens: Sequence[int]):
+  """Request checks; the sampling settings are checked by `Sampler.init_decode_state`."""
   vocab = sampler.config.vocab_size
   if group_size < 1:
     raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -75,8 +75,6 @@ def validate(sampler: core.Sampler, prompts, group_size: int, max_new_tokens: in
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
   if not len(prompts):
     raise ValueError("prompts is empty: nothing to generate")
-  if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-    raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
   for i, p in enumerate(prompts):
     p = np.asarray(p)
     if p.ndim != 1 or p.size == 0:
@@ -108,7 +106,7 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
     params = sampler.params
   if params is None:
     raise ValueError("no params: give a snapshot, or call sampler.refresh(...) / sampler.load(...) first")
-  validate(sampler, prompts, group_size, max_new_tokens, temperature, top_p, top_k, stop_tokens)
+  validate(sampler, prompts, group_size, max_new_tokens, stop_tokens)
   prompts = [[int(t) for t in p] for p in prompts]
   P, G, N, S = len(prompts), group_size, max_new_tokens, sampler.num_slots
   prompt_ids = list(range(P)) if prompt_ids is None else [int(i) for i in prompt_ids]
