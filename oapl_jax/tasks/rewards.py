@@ -144,11 +144,16 @@ class MathReward:
     if pool is None:
       return
     procs = list(pool._processes.values())  # pylint: disable=protected-access
+    manager = pool._executor_manager_thread  # pylint: disable=protected-access
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
       p.kill()
+    # The pool's manager thread also reaps the killed workers. Wait for it: a join racing it can
+    # come back before the exit code is recorded, and the worker then still looks alive.
+    if manager is not None:
+      manager.join(timeout=60)
     for p in procs:
-      p.join()
+      p.join(timeout=60)
 
   def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
     try:
