@@ -188,7 +188,7 @@ def test_refresh_reshards_trainer_params_and_bumps_version(model, tmp_path):
   new = sampler.refresh(params2)
   refresh_time = sampler.last_refresh_seconds  # NaN until a refresh has been measured
   assert sampler.snapshot_version == 2 and np.isfinite(refresh_time)
-  leaf = new["layers"]["mlp"]["up_proj"]["kernel"]
+  leaf = new["layers"][0]["mlp"]["up_proj"]["kernel"]  # the snapshot holds one tree per layer
   assert leaf.sharding.mesh.devices.tolist() == sampler_mesh.devices.tolist()
   after = rollout.generate_groups(sampler, sampler.params, PROMPTS, 2, max_new_tokens=8, seed=0)
   assert after.snapshot_version == 2

@@ -6,9 +6,10 @@ the same module serves training (no cache) and the sampler (prefill + decode).
 
 Attention uses key index == absolute position, so right-padded prompts need only a causal mask:
 garbage written past a row's true length is never visible to a query at an earlier position.
-With a cache, each layer attends over the old cache (entries before this call's write index) plus
-this call's own keys, and returns the new keys/values; one scatter after the layer scan writes them
-into the cache, in place. (Writing inside the scan made XLA copy the whole cache every step.)
+With a cache (the sampler's prefill and decode), the layers run as a Python loop over per-layer
+caches instead of the scan: slicing a layer out of a stacked cache inside a scan costs a copy of
+that layer's cache every step. Each layer attends over its old cache (entries before this call's
+write index) plus this call's own keys, then scatters the new keys/values into its cache in place.
 """
 from typing import Any, NamedTuple, Optional
 
@@ -23,23 +24,31 @@ Array = jax.Array
 
 
 class KVCache(NamedTuple):
-  """Per-layer keys/values, stacked over layers: [layers, batch, kv_heads, max_len, head_dim].
-
-  Head-major, so attention reads each layer's block without a transpose; `write_cache` adds a
-  call's new entries after the layer scan (a decode step writes one position per row).
+  """One layer's cache. Keys are stored position-minor, [batch, kv_heads, head_dim, max_len], so a
+  decode step's q.k reduces over head_dim with positions vectorized; values are
+  [batch, kv_heads, max_len, head_dim]. A model's cache is a tuple of these, one per layer.
   """
 
   k: Array
   v: Array
 
 
-def init_cache(config: QwenConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-  shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+Cache = tuple  # tuple[KVCache, ...], one per layer
+
+
+def init_cache(config: QwenConfig, batch: int, max_len: int, dtype=None) -> Cache:
+  B, K, D = batch, config.num_kv_heads, config.head_dim
   dtype = dtype or config.jnp_dtype
-  return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+  return tuple(KVCache(jnp.zeros((B, K, D, max_len), dtype), jnp.zeros((B, K, max_len, D), dtype))
+               for _ in range(config.num_layers))
 
 
-CACHE_LOGICAL_AXES = KVCache(*(("layers", "cache_batch", "cache_kv_heads", "cache_length", "head_dim"),) * 2)
+def cache_length(cache: Cache) -> int:
+  return cache[0].k.shape[-1]
+
+
+CACHE_LOGICAL_AXES = KVCache(("cache_batch", "cache_kv_heads", "head_dim", "cache_length"),
+                             ("cache_batch", "cache_kv_heads", "cache_length", "head_dim"))
 
 
 def _constrain(x, names):
@@ -78,27 +87,27 @@ def _dense(features, axes, config, name, bias=False, in_axes=-1):
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
 
 
-def write_cache(cache: "KVCache", new_k_LxBxKxTxD, new_v_LxBxKxTxD, write_index_B) -> "KVCache":
-  """Scatter every layer's T new entries into each row at that row's own offset."""
-  B, T = new_k_LxBxKxTxD.shape[1], new_k_LxBxKxTxD.shape[3]
+def write_cache(layer_cache: KVCache, new_k_BxKxTxD, new_v_BxKxTxD, write_index_B) -> KVCache:
+  """Scatter a call's T new entries into each row at that row's own offset (in place)."""
+  B, T = new_k_BxKxTxD.shape[0], new_k_BxKxTxD.shape[2]
   rows_Bx1 = jnp.arange(B)[:, None]
   slots_BxT = write_index_B[:, None] + jnp.arange(T)[None, :]
-
-  def put(cache_LxBxKxSxD, new_LxBxKxTxD):
-    # Advanced indices (rows, slots) around the head slice: the indexed block is [B, T, L, K, D].
-    block = new_LxBxKxTxD.transpose(1, 3, 0, 2, 4).astype(cache_LxBxKxSxD.dtype)
-    return cache_LxBxKxSxD.at[:, rows_Bx1, :, slots_BxT, :].set(block, mode="drop")
-
-  return KVCache(put(cache.k, new_k_LxBxKxTxD), put(cache.v, new_v_LxBxKxTxD))
+  # Advanced indices (rows, slots) around sliced axes: the indexed block is [B, T, K, D].
+  block_k = new_k_BxKxTxD.swapaxes(1, 2).astype(layer_cache.k.dtype)
+  block_v = new_v_BxKxTxD.swapaxes(1, 2).astype(layer_cache.v.dtype)
+  return KVCache(layer_cache.k.at[rows_Bx1, :, :, slots_BxT].set(block_k, mode="drop"),
+                 layer_cache.v.at[rows_Bx1, :, slots_BxT, :].set(block_v, mode="drop"))
 
 
 # One query position (decode): many tiny per-(row, head) matmuls are slow as batched dots on
 # CPU, so the products are written as a fused multiply-reduce there; the math is identical.
-def _attention_dot(q_BxTxKxGxD, k_BxKxSxD):
+def _attention_dot(q_BxTxKxGxD, kt_BxKxDxS):
   if q_BxTxKxGxD.shape[1] == 1:
-    prod = q_BxTxKxGxD[:, 0, :, :, None, :].astype(jnp.float32) * k_BxKxSxD[:, :, None].astype(jnp.float32)
-    return jnp.sum(prod, axis=-1)[:, :, :, None, :]  # [B, K, G, 1, S]
-  return jnp.einsum("btkgd,bksd->bkgts", q_BxTxKxGxD, k_BxKxSxD, preferred_element_type=jnp.float32)
+    prod = q_BxTxKxGxD[:, 0, :, :, :, None].astype(jnp.float32) * kt_BxKxDxS[:, :, None].astype(jnp.float32)
+    return jnp.sum(prod, axis=3)[:, :, :, None, :]  # [B, K, G, 1, S]
+  # A plain batched matmul ([B, K] batch, query-major lhs): XLA:CPU's bf16 x bf16 -> f32 dot takes only this form.
+  q_BxKxGxTxD = q_BxTxKxGxD.transpose(0, 2, 3, 1, 4)
+  return jnp.einsum("bkgtd,bkds->bkgts", q_BxKxGxTxD, kt_BxKxDxS, preferred_element_type=jnp.float32)
 
 
 def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
@@ -110,10 +119,16 @@ def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
 
 
 class Attention(nn.Module):
+  """Causal self-attention by position. Without a cache it attends over this call's own tokens
+  (with the optional key mask); with one it first writes this call's keys/values into the cache
+  at `write_index_B`, then attends over the cache's first `window` entries (key index <= the
+  query's position), and returns the updated cache."""
+
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS, layer_cache, write_index_B):
+  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache: Optional[KVCache] = None,
+               write_index_B=None, window: Optional[int] = None):
     c = self.config
     q = _dense((c.num_heads, c.head_dim), ("embed", "q_heads", "head_dim"), c, "q_proj", c.qkv_bias)(x_BxTxE)
     k = _dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c, "k_proj", c.qkv_bias)(x_BxTxE)
@@ -125,29 +140,24 @@ class Attention(nn.Module):
     k = rope(k, positions_BxT, c.rope_theta)
 
     B, T, H, D = q.shape
-    K = c.num_kv_heads
-    q_BxTxKxGxD = q.reshape(B, T, K, H // K, D)
+    q_BxTxKxGxD = q.reshape(B, T, c.num_kv_heads, H // c.num_kv_heads, D)
     k_BxKxTxD, v_BxKxTxD = k.swapaxes(1, 2), v.swapaxes(1, 2)
-    # This call's own tokens: causal by position (and the optional key mask).
-    visible_BxTxT = positions_BxT[:, None, :] <= positions_BxT[:, :, None]
-    if key_mask_BxS is not None:
-      visible_BxTxT &= key_mask_BxS[:, None, :].astype(bool)
-    scores = _attention_dot(q_BxTxKxGxD, k_BxKxTxD.astype(q.dtype))
-    visible = visible_BxTxT
-    if layer_cache is not None:  # plus the cached entries written by earlier calls
-      old_k_BxKxSxD, old_v_BxKxSxD = layer_cache
-      S = old_k_BxKxSxD.shape[2]
-      old_visible_BxTxS = jnp.broadcast_to((jnp.arange(S)[None, :] < write_index_B[:, None])[:, None, :], (B, T, S))
-      scores = jnp.concatenate([_attention_dot(q_BxTxKxGxD, old_k_BxKxSxD.astype(q.dtype)), scores], axis=-1)
-      visible = jnp.concatenate([old_visible_BxTxS, visible_BxTxT], axis=-1)
-    scores = jnp.where(visible[:, None, None], scores / jnp.sqrt(jnp.float32(D)), jnp.finfo(jnp.float32).min)
+    if layer_cache is None:
+      keys_BxKxDxS, values_BxKxSxD = k_BxKxTxD.swapaxes(2, 3), v_BxKxTxD
+      visible_BxTxS = positions_BxT[:, None, :] <= positions_BxT[:, :, None]
+      if key_mask_BxS is not None:
+        visible_BxTxS &= key_mask_BxS[:, None, :].astype(bool)
+    else:
+      layer_cache = write_cache(layer_cache, k_BxKxTxD, v_BxKxTxD, write_index_B)
+      S = min(window or layer_cache.k.shape[-1], layer_cache.k.shape[-1])
+      keys_BxKxDxS, values_BxKxSxD = layer_cache.k[..., :S], layer_cache.v[:, :, :S]
+      visible_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
+    scores = _attention_dot(q_BxTxKxGxD, keys_BxKxDxS.astype(q.dtype))
+    scores = jnp.where(visible_BxTxS[:, None, None], scores / jnp.sqrt(jnp.float32(D)), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = _attention_mix(probs[..., -T:], v_BxKxTxD.astype(q.dtype))
-    if layer_cache is not None:
-      out = out + _attention_mix(probs[..., :-T], old_v_BxKxSxD.astype(q.dtype))
-    out = out.reshape(B, T, H, D)
+    out = _attention_mix(probs, values_BxKxSxD.astype(q.dtype)).reshape(B, T, H, D)
     out = _dense(c.hidden_size, ("q_heads", "head_dim", "embed"), c, "o_proj", in_axes=(-2, -1))(out)
-    return out, (k_BxKxTxD, v_BxKxTxD)
+    return out, layer_cache
 
 
 class MLP(nn.Module):
@@ -163,24 +173,26 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One block; fits nn.scan: (x, this layer's old cache or None, *broadcast) -> (x, its new k/v)."""
+  """One block: (x, positions, key mask, [layer cache, write index, window]) -> (x, updated cache or None)."""
 
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, layer_cache, positions_BxT, key_mask_BxS, write_index_B):
+  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache=None, write_index_B=None,
+               window=None):
     c = self.config
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
-    attn, new_kv = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache, write_index_B)
+    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache, write_index_B, window)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
     x_BxTxE = x_BxTxE + MLP(c, name="mlp")(h)
     x_BxTxE = _constrain(x_BxTxE, ("activation_batch", "activation_length", "activation_embed"))
-    return x_BxTxE, new_kv
+    return x_BxTxE, layer_cache
 
 
 class Qwen(nn.Module):
-  """Returns final-norm hidden states [B, T, E] (and the updated cache); `logits` projects them."""
+  """The training forward: final-norm hidden states [B, T, E] over scanned layers; `logits`
+  projects them. The sampler's cached forward is `forward_with_cache` (same parameters)."""
 
   config: QwenConfig
 
@@ -190,23 +202,23 @@ class Qwen(nn.Module):
                           embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
     layer = nn.remat(DecoderLayer, prevent_cse=False) if c.remat else DecoderLayer
     self.layers = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=c.num_layers,
+                          in_axes=(nn.broadcast,) * 2, length=c.num_layers,
                           metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
     self.final_norm = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype)
     if not c.tie_word_embeddings:
       self.lm_head = _dense(c.vocab_size, ("embed", "vocab"), c, "lm_head")
 
-  def __call__(self, tokens_BxT, positions_BxT=None, *, key_mask_BxS=None,
-               cache: Optional[KVCache] = None, write_index_B=None):
+  def __call__(self, tokens_BxT, positions_BxT=None, *, key_mask_BxS=None):
     if positions_BxT is None:
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
-    if cache is not None and write_index_B is None:
-      write_index_B = positions_BxT[:, 0]
-    x = self.embed(tokens_BxT)
-    x = _constrain(x, ("activation_batch", "activation_length", "activation_embed"))
-    x, (new_k, new_v) = self.layers(x, cache, positions_BxT, key_mask_BxS, write_index_B)
-    new_cache = None if cache is None else write_cache(cache, new_k, new_v, write_index_B)
-    return self.final_norm(x), new_cache
+    x, _ = self.layers(self.embed_tokens(tokens_BxT), positions_BxT, key_mask_BxS)
+    return self.final_norm(x)
+
+  def embed_tokens(self, tokens_BxT):
+    return _constrain(self.embed(tokens_BxT), ("activation_batch", "activation_length", "activation_embed"))
+
+  def finish(self, x_BxTxE):
+    return self.final_norm(x_BxTxE)
 
   def logits(self, hidden_BxTxE):
     if self.config.tie_word_embeddings:
@@ -214,10 +226,45 @@ class Qwen(nn.Module):
     return self.lm_head(hidden_BxTxE)
 
 
+# ---------------------------------------------------------------- the sampler's layout and forward
+def unstack_layers(params):
+  """The sampler's layout: the scan's stacked layer params split into a tuple of per-layer trees
+  (once per snapshot), so a decode loop never slices stacked weights."""
+  stacked = params["layers"]
+  num_layers = jax.tree.leaves(stacked)[0].shape[0]
+  return {**params, "layers": tuple(jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(num_layers))}
+
+
+def unstacked_logical_axes(config: QwenConfig):
+  """param_logical_axes in the unstack_layers layout (the leading 'layers' name dropped)."""
+  axes = param_logical_axes(config)
+  one_layer = jax.tree.map(lambda spec: jax.sharding.PartitionSpec(*spec[1:]), axes["layers"],
+                           is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  return {**axes, "layers": (one_layer,) * config.num_layers}
+
+
+def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache, write_index_B,
+                       window: Optional[int] = None):
+  """Prefill or decode: (final-norm hidden [B, T, E], updated cache). `params` in the
+  unstack_layers layout; layers run as a Python loop over the per-layer caches. Row b's T new
+  entries go to cache positions write_index_B[b]...; attention reads the first `window` entries."""
+  if len(cache) != config.num_layers or len(params["layers"]) != config.num_layers:
+    raise ValueError(f"cache has {len(cache)} layers and params {len(params['layers'])}; "
+                     f"the model has {config.num_layers}")
+  model, layer = Qwen(config), DecoderLayer(config)
+  x = model.apply({"params": params}, tokens_BxT, method=Qwen.embed_tokens)
+  new_cache = []
+  for layer_params, layer_cache in zip(params["layers"], cache):
+    x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, None, layer_cache, write_index_B,
+                                 window)
+    new_cache.append(layer_cache)
+  return model.apply({"params": params}, x, method=Qwen.finish), tuple(new_cache)
+
+
 def logits(params, config: QwenConfig, tokens_BxT, positions_BxT=None, key_mask_BxS=None):
   """Full [B, T, V] logits in float32 (for parity tests and small batches)."""
   model = Qwen(config)
-  hidden, _ = model.apply({"params": params}, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
+  hidden = model.apply({"params": params}, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
   return model.apply({"params": params}, hidden, method=Qwen.logits).astype(jnp.float32)
 
 
@@ -230,7 +277,7 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
   With `with_entropy`, also returns the per-position entropy of the same distribution.
   """
   model = Qwen(config)
-  hidden_BxTxE, _ = model.apply({"params": params}, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
+  hidden_BxTxE = model.apply({"params": params}, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
   B, T, E = hidden_BxTxE.shape
   chunk = min(config.logprob_chunk, T)
   pad = (-T) % chunk
@@ -255,7 +302,7 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
 def init_params(config: QwenConfig, rng) -> Any:
   """Boxed (nn.Partitioned) params; use parallel.init_sharded to get them born sharded."""
   def forward_and_project(module, tokens_BxT):
-    return module.logits(module(tokens_BxT)[0])
+    return module.logits(module(tokens_BxT))
   tokens = jnp.zeros((1, 1), jnp.int32)
   return Qwen(config).init(rng, tokens, method=forward_and_project)["params"]
 

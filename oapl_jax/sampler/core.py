@@ -38,9 +38,9 @@ MIN_PREFILL_BUCKET = 8
 
 
 class Prefix(NamedTuple):
-  """A prefilled batch of prompts: cache [layers, B, kv_heads, T, head_dim], T a length bucket."""
+  """A prefilled batch of prompts: a per-layer cache of length T (a length bucket) for B rows."""
 
-  cache: qwen.KVCache
+  cache: qwen.Cache
   last_token_B: jax.Array  # int32, each prompt's last token (fed again by the first decode step)
   length_B: jax.Array  # int32, true prompt lengths
 
@@ -48,7 +48,7 @@ class Prefix(NamedTuple):
 class DecodeState(NamedTuple):
   """Everything a decode step reads and writes, for S slots and N new tokens at most."""
 
-  cache: qwen.KVCache  # [layers, S, kv_heads, max_len, head_dim]
+  cache: qwen.Cache  # per layer: k [S, kv_heads, head_dim, max_len], v [S, kv_heads, max_len, head_dim]
   tokens_S: jax.Array  # int32, token fed at the next step (last prompt token, then last sampled)
   positions_S: jax.Array  # int32, absolute position of tokens_S
   num_generated_S: jax.Array  # int32, tokens sampled so far
@@ -78,19 +78,20 @@ def prefill_fn(config: QwenConfig, params, tokens_BxT, lengths_B) -> Prefix:
   B, T = tokens_BxT.shape
   valid_BxT = jnp.arange(T)[None, :] < lengths_B[:, None]
   tokens_BxT = jnp.where(valid_BxT, tokens_BxT, 0)  # keep padding finite (no out-of-range ids)
-  cache = qwen.init_cache(config, B, T)
-  _, cache = qwen.Qwen(config).apply({"params": params}, tokens_BxT, cache=cache,
-                                     write_index_B=jnp.zeros((B,), jnp.int32))
+  positions_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
+  _, cache = qwen.forward_with_cache(params, config, tokens_BxT, positions_BxT, qwen.init_cache(config, B, T),
+                                     jnp.zeros((B,), jnp.int32))
   last_B = jnp.take_along_axis(tokens_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
   return Prefix(cache, last_B, lengths_B)
 
 
 def insert_fn(prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2, max_new_M) -> DecodeState:
   """Rows `rows_M` of `prefix` start fresh samples in `slots_M`; slot index >= S is ignored (padding)."""
-  T = prefix.cache.k.shape[3]
-  max_len = state.cache.k.shape[3]
-  put_cache = lambda dst, src: dst.at[:, slots_M, :, :T].set(src[:, rows_M], mode="drop")  # noqa: E731
-  cache = qwen.KVCache(put_cache(state.cache.k, prefix.cache.k), put_cache(state.cache.v, prefix.cache.v))
+  T = qwen.cache_length(prefix.cache)
+  max_len = qwen.cache_length(state.cache)
+  cache = tuple(qwen.KVCache(dst.k.at[slots_M, :, :, :T].set(src.k[rows_M], mode="drop"),
+                             dst.v.at[slots_M, :, :T].set(src.v[rows_M], mode="drop"))
+                for dst, src in zip(state.cache, prefix.cache))
   length_M = prefix.length_B[rows_M]
   max_new_M = jnp.minimum(max_new_M, jnp.minimum(state.out_tokens_SxN.shape[1], max_len - length_M + 1))
   put = lambda dst, src: dst.at[slots_M].set(src, mode="drop")  # noqa: E731
@@ -104,10 +105,9 @@ def insert_fn(prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2, max
 
 def step_fn(config: QwenConfig, params, state: DecodeState):
   """One token for every slot. Returns (state, sampled tokens_S, active_S = slot was live)."""
-  model = qwen.Qwen(config)
-  hidden_Sx1xE, cache = model.apply({"params": params}, state.tokens_S[:, None], state.positions_S[:, None],
-                                    cache=state.cache, write_index_B=state.positions_S)
-  logits_SxV = model.apply({"params": params}, hidden_Sx1xE[:, 0], method=qwen.Qwen.logits)
+  hidden_Sx1xE, cache = qwen.forward_with_cache(params, config, state.tokens_S[:, None], state.positions_S[:, None],
+                                                state.cache, state.positions_S)
+  logits_SxV = qwen.Qwen(config).apply({"params": params}, hidden_Sx1xE[:, 0], method=qwen.Qwen.logits)
   step_keys_Sx2 = jax.vmap(jax.random.fold_in)(state.keys_Sx2, state.num_generated_S)
   tokens_S, logp_S = sample_tokens(logits_SxV, step_keys_Sx2, state.temperature, state.top_p, state.top_k)
 
@@ -174,8 +174,9 @@ def sample_keys(seed: int, prompt_ids, sample_ids) -> jax.Array:
 class Sampler:
   """The jitted core bound to one model config, one (sampler) mesh and its logical-axis rules.
 
-  Holds the current parameter snapshot (`params`) and its `snapshot_version`; `refresh` replaces
-  both. Every method that takes a DecodeState donates it: use the returned state.
+  Holds the current parameter snapshot (`params`, in the `qwen.unstack_layers` layout: one tree
+  per layer) and its `snapshot_version`; `refresh` replaces both. Every method that takes a
+  DecodeState donates it: use the returned state.
   """
 
   def __init__(self, config: QwenConfig, *, mesh: Optional[jax.sharding.Mesh] = None, rules=None,
@@ -197,19 +198,23 @@ class Sampler:
     self.snapshot_version = 0
     self.last_refresh_seconds = float("nan")
 
+    # The trainer's (stacked) layout on this mesh, and the snapshot's per-layer layout.
     self.param_shardings = parallel.logical_to_sharding(qwen.param_logical_axes(config), self.mesh, self.rules)
+    self.snapshot_shardings = parallel.logical_to_sharding(qwen.unstacked_logical_axes(config), self.mesh,
+                                                           self.rules)
     spec = lambda *names: parallel.logical_to_sharding(PartitionSpec(*names), self.mesh, self.rules)  # noqa: E731
     repl = NamedSharding(self.mesh, PartitionSpec())
     slot_axis = "cache_batch"
-    cache_state = spec(*qwen.CACHE_LOGICAL_AXES.k)
-    cache_prefix = spec("layers", None, "cache_kv_heads", "cache_length", "head_dim")
+    cache_state = qwen.KVCache(*(spec(*axes) for axes in qwen.CACHE_LOGICAL_AXES))
+    cache_prefix = qwen.KVCache(*(spec(None, *axes[1:]) for axes in qwen.CACHE_LOGICAL_AXES))
+    layers = range(config.num_layers)
     per_slot, per_slot_row = spec(slot_axis), spec(slot_axis, None)
     self.state_shardings = DecodeState(
-        cache=qwen.KVCache(cache_state, cache_state), tokens_S=per_slot, positions_S=per_slot,
+        cache=tuple(cache_state for _ in layers), tokens_S=per_slot, positions_S=per_slot,
         num_generated_S=per_slot, max_new_S=per_slot, done_S=per_slot, keys_Sx2=per_slot_row,
         out_tokens_SxN=per_slot_row, out_logp_SxN=per_slot_row, stop_tokens_X=repl, temperature=repl,
         top_p=repl, top_k=repl)
-    self.prefix_shardings = Prefix(qwen.KVCache(cache_prefix, cache_prefix), repl, repl)
+    self.prefix_shardings = Prefix(tuple(cache_prefix for _ in layers), repl, repl)
 
     c = config
     self._prefill = jax.jit(functools.partial(prefill_fn, c), out_shardings=self.prefix_shardings)
@@ -221,6 +226,7 @@ class Sampler:
                                out_shardings=self.state_shardings)
     self._gather = jax.jit(lambda s, idx: (s.out_tokens_SxN[idx], s.out_logp_SxN[idx], s.num_generated_S[idx]))
     self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(c.jnp_param_dtype), p))
+    self._unstack = jax.jit(qwen.unstack_layers, out_shardings=self.snapshot_shardings)
 
   def _batch_shards(self) -> int:
     return parallel.axis_size(self.mesh, self.rules, "cache_batch")
@@ -228,19 +234,32 @@ class Sampler:
   def _ctx(self):
     return parallel.sharding_context(self.mesh, self.rules)
 
+  @staticmethod
+  def _check_layout(params):
+    if not isinstance(params, dict) or not isinstance(params.get("layers"), tuple):
+      raise ValueError("params are not in the sampler's per-layer layout: use sampler.params, or "
+                       "sampler.prepare(trainer_params)")
+
   # ---- parameters
   def refresh(self, trainer_params):
-    """New snapshot from the trainer's params: cast to the sampler dtype, then a device-to-device
-    reshard onto the sampler mesh (never through host memory). Bumps `snapshot_version` and records
+    """New snapshot from the trainer's params (see `prepare`). Bumps `snapshot_version` and records
     the wall time (blocked until the copy is done) in `last_refresh_seconds`."""
     start = time.perf_counter()
+    return self._install(self.prepare(trainer_params), start)
+
+  def prepare(self, trainer_params):
+    """Trainer-layout params -> the sampler's: cast to the sampler dtype, a device-to-device
+    reshard onto the sampler mesh (never through host memory), then split into per-layer trees.
+    Params already in the sampler's layout are returned as they are."""
     trainer_params = nn.unbox(trainer_params)
+    if isinstance(trainer_params.get("layers"), tuple):
+      return trainer_params
     if jax.tree.structure(trainer_params) != jax.tree.structure(self.param_shardings):
-      raise ValueError("refresh: the params tree does not match the sampler's model config "
+      raise ValueError("the params tree does not match the sampler's model config "
                        f"(expected {jax.tree.structure(self.param_shardings)})")
     needs_cast = any(x.dtype != self.config.jnp_param_dtype for x in jax.tree.leaves(trainer_params))
     params = parallel.reshard(self._cast(trainer_params) if needs_cast else trainer_params, self.param_shardings)
-    return self._install(params, start)
+    return self._unstack(params)
 
   def load(self, path: str):
     """Load an HF checkpoint straight onto the sampler mesh as a new snapshot."""
@@ -252,7 +271,7 @@ class Sampler:
             "head_dim", "tie_word_embeddings", "qkv_bias", "qk_norm")
     if any(getattr(config, f) != getattr(self.config, f) for f in arch):
       raise ValueError(f"{path}: checkpoint architecture {config} does not match the sampler's {self.config}")
-    return self._install(params, start)
+    return self._install(self._unstack(params), start)
 
   def _install(self, params, start: float):
     """Make `params` the current snapshot: wait for the copy, record its time, bump the version."""
@@ -289,6 +308,7 @@ class Sampler:
     for i, p in enumerate(prompts):
       tokens[i, :len(p)] = p
       lengths_B[i] = len(p)
+    self._check_layout(params)
     with self._ctx():
       return self._prefill(params, tokens, lengths_B)
 
@@ -309,11 +329,13 @@ class Sampler:
 
   def decode(self, params, state: DecodeState, num_steps: int) -> DecodeState:
     """Up to num_steps decode steps on device (early exit when all slots are done). Donates `state`."""
+    self._check_layout(params)
     with self._ctx():
       return self._decode(params, state, np.int32(num_steps))
 
   def generate(self, params, state: DecodeState):
     """One step; returns (state, data [S, 3] int32 = token, valid, length). Donates `state`."""
+    self._check_layout(params)
     with self._ctx():
       return self._generate(params, state)
 

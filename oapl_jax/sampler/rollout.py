@@ -96,8 +96,8 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
                     prompt_ids: Optional[Sequence[int]] = None, steps_per_sync: int = 16) -> RolloutGroups:
   """Sample `group_size` responses per prompt with continuous batching over the sampler's slots.
 
-  params: the snapshot to sample with (normally `sampler.params`; other params are run as given
-  and reported with snapshot_version -1). prompt_ids: stable ids used for the random keys
+  params: the snapshot to sample with (normally `sampler.params`; other params, in the trainer's
+  layout or the sampler's, are run through `sampler.prepare` and reported with snapshot_version -1). prompt_ids: stable ids used for the random keys
   (default 0..P-1), so a prompt's samples do not depend on its position in this call.
   """
   start = time.perf_counter()
@@ -107,6 +107,8 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
   if params is None:
     raise ValueError("no params: give a snapshot, or call sampler.refresh(...) / sampler.load(...) first")
   validate(sampler, prompts, group_size, max_new_tokens, stop_tokens)
+  snapshot_version = sampler.snapshot_version if params is sampler.params else -1
+  params = sampler.prepare(params)
   prompts = [[int(t) for t in p] for p in prompts]
   P, G, N, S = len(prompts), group_size, max_new_tokens, sampler.num_slots
   prompt_ids = list(range(P)) if prompt_ids is None else [int(i) for i in prompt_ids]
@@ -122,7 +124,7 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
       response_tokens=np.zeros((P, G, N), np.int32), response_mask=np.zeros((P, G, N), bool),
       sampler_logp=np.zeros((P, G, N), np.float32), lengths=np.zeros((P, G), np.int32),
       finish_reason=np.zeros((P, G), np.int8),
-      snapshot_version=sampler.snapshot_version if params is sampler.params else -1,
+      snapshot_version=snapshot_version,
       seed=int(seed), temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
   for i, p in enumerate(prompts):
     out.prompt_tokens[i, :len(p)] = p
