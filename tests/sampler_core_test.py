@@ -211,3 +211,19 @@ def test_refresh_reshards_trainer_params_and_bumps_version(model, tmp_path):
 def test_bad_inputs_raise_clear_errors(sampler, prompts, group_size, match):
   with pytest.raises(ValueError, match=match):
     rollout.generate_groups(sampler, sampler.params, prompts, group_size, max_new_tokens=4, seed=0)
+
+
+def test_two_level_sampling_on_a_vocab_that_is_not_a_block_multiple():
+  """V = 1000 (blocks of 32, the last one padded), top-k 7 of a random row: every draw is in the
+  top-7 set, the padding is never drawn, and the frequencies match the renormalised softmax."""
+  logits_V = np.random.RandomState(3).normal(size=1000).astype(np.float32) * 2
+  logits_V[-1] = logits_V.max() + 1  # the last real token, right before the padding, is the likeliest
+  n = 20000
+  keys = jax.random.split(jax.random.PRNGKey(1), n)
+  tokens, _ = sample_tokens(np.broadcast_to(logits_V, (n, 1000)), keys, 1.0, 1.0, 7)
+  tokens = np.asarray(tokens)
+  top7 = np.argsort(logits_V)[-7:]
+  assert np.isin(tokens, top7).all()
+  probs = scipy.special.softmax(logits_V[top7].astype(np.float64))
+  observed = np.array([(tokens == t).sum() for t in top7])
+  assert scipy.stats.chisquare(observed, n * probs).pvalue > 1e-3
