@@ -162,8 +162,8 @@ def test_plain_sampling_matches_model_distribution_chisquare(model):
   config, params = model
   logits_V = np.asarray(qwen.logits(params, config, np.array([PROMPTS[0]])))[0, -1]
   n = 20000
-  keys = jax.random.split(jax.random.PRNGKey(0), n)
-  tokens, logp = sample_tokens(np.broadcast_to(logits_V, (n, logits_V.size)), keys, 1.0, 1.0, 0)
+  uniforms = jax.random.uniform(jax.random.PRNGKey(0), (n,))
+  tokens, logp = sample_tokens(np.broadcast_to(logits_V, (n, logits_V.size)), uniforms, 1.0, 1.0, 0)
   tokens, logp = np.asarray(tokens), np.asarray(logp)
   probs = scipy.special.softmax(logits_V.astype(np.float64))
   np.testing.assert_allclose(logp, np.log(probs[tokens]), atol=1e-5)
@@ -219,8 +219,8 @@ def test_two_level_sampling_on_a_vocab_that_is_not_a_block_multiple():
   logits_V = np.random.RandomState(3).normal(size=1000).astype(np.float32) * 2
   logits_V[-1] = logits_V.max() + 1  # the last real token, right before the padding, is the likeliest
   n = 20000
-  keys = jax.random.split(jax.random.PRNGKey(1), n)
-  tokens, _ = sample_tokens(np.broadcast_to(logits_V, (n, 1000)), keys, 1.0, 1.0, 7)
+  uniforms = jax.random.uniform(jax.random.PRNGKey(1), (n,))
+  tokens, _ = sample_tokens(np.broadcast_to(logits_V, (n, 1000)), uniforms, 1.0, 1.0, 7)
   tokens = np.asarray(tokens)
   top7 = np.argsort(logits_V)[-7:]
   assert np.isin(tokens, top7).all()

@@ -4,7 +4,8 @@
     python -m oapl_jax.benchmarks.sampler_bench --batches 64 --new_tokens 256 --repeats 5
 
 Both sample at temperature 1 (top-p 1, no top-k), never stop early, and are warmed up first: the
-printed tokens/s exclude compilation (JAX's compile + first run is reported separately). Also
+printed tokens/s exclude compilation (JAX's compile + first run is reported separately). The two
+runs alternate, and each side's median time over --repeats runs gives its tokens/s. Also
 prints the wall time of a snapshot refresh (trainer f32 params -> sampler mesh, f32 and bf16).
 A benchmark, not a test.
 """
@@ -36,32 +37,39 @@ def make_checkpoint(path: str, seed: int = 0) -> transformers.PreTrainedModel:
   return model.eval()
 
 
-def time_ours(sampler, prompts, new_tokens, repeats, steps_per_sync):
+def ours_runner(sampler, prompts, new_tokens, steps_per_sync):
   def run(seed):
-    return rollout.generate_groups(sampler, sampler.params, prompts, 1, max_new_tokens=new_tokens, seed=seed,
-                                   steps_per_sync=steps_per_sync)
-
-  start = time.perf_counter()
-  first = run(0)
-  compile_s = time.perf_counter() - start
-  assert first.num_tokens == len(prompts) * new_tokens
-  times = [run(i + 1).wall_seconds for i in range(repeats)]
-  return len(prompts) * new_tokens / statistics.median(times), compile_s
+    groups = rollout.generate_groups(sampler, sampler.params, prompts, 1, max_new_tokens=new_tokens, seed=seed,
+                                     steps_per_sync=steps_per_sync)
+    assert groups.num_tokens == len(prompts) * new_tokens
+    return groups.wall_seconds
+  return run
 
 
-def time_hf(model, prompts, new_tokens, repeats):
+def hf_runner(model, prompts, new_tokens):
   ids = torch.tensor(prompts)
   kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=0)
-  with torch.no_grad():
-    model.generate(ids, **kw)  # warm-up
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
+
+  def run(seed):
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.no_grad():
       out = model.generate(ids, **kw)
-      times.append(time.perf_counter() - start)
-  assert out.shape[1] == ids.shape[1] + new_tokens
-  return len(prompts) * new_tokens / statistics.median(times)
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return time.perf_counter() - start
+  return run
+
+
+def time_interleaved(ours, theirs, repeats):
+  """Alternate the two (after one warm-up each) so drifts in machine load hit both alike.
+  Returns (our seconds per run, their seconds per run, our compile + first run seconds)."""
+  start = time.perf_counter()
+  ours(0)
+  compile_s = time.perf_counter() - start
+  theirs(0)
+  times = [(ours(r + 1), theirs(r + 1)) for r in range(repeats)]
+  return statistics.median(t for t, _ in times), statistics.median(t for _, t in times), compile_s
 
 
 def time_refresh(config, trainer_params, dtype):
@@ -95,8 +103,10 @@ def main(argv=None):
     sampler = core.Sampler(config, num_slots=batch, max_prefill_length=max(16, args.prompt_length),
                            max_new_tokens=args.new_tokens)
     sampler.refresh(params)
-    ours, compile_s = time_ours(sampler, prompts, args.new_tokens, args.repeats, args.steps_per_sync)
-    theirs = time_hf(torch_model, prompts, args.new_tokens, args.repeats)
+    ours_s, theirs_s, compile_s = time_interleaved(
+        ours_runner(sampler, prompts, args.new_tokens, args.steps_per_sync),
+        hf_runner(torch_model, prompts, args.new_tokens), args.repeats)
+    ours, theirs = batch * args.new_tokens / ours_s, batch * args.new_tokens / theirs_s
     print(f"{batch:>5} {ours:>11.0f} {theirs:>10.0f} {ours / theirs:>6.1f}x {compile_s:>23.2f}")
   for dtype in ("float32", "bfloat16"):
     ms = 1e3 * time_refresh(config, params, dtype)

@@ -14,8 +14,9 @@ into many slots (G samples of one prompt share one prefill), and JetStream's `ge
 every token. Cache key index == absolute position (see models/qwen.py): right padding and stale
 entries past a slot's position are invisible, so insert never has to clear anything.
 
-Sample s draws step t with fold_in(key_s, t), where key_s comes from (seed, prompt id, sample id):
-a sample's tokens do not depend on which slot it runs in or what runs beside it.
+Sample s draws step t by inverting uniform t of the N that insert draws from key_s, where key_s
+comes from (seed, prompt id, sample id): a sample's tokens do not depend on which slot it runs in
+or what runs beside it, and a decode step spends nothing on random numbers.
 """
 import functools
 import time
@@ -54,7 +55,7 @@ class DecodeState(NamedTuple):
   num_generated_S: jax.Array  # int32, tokens sampled so far
   max_new_S: jax.Array  # int32, this slot's budget of new tokens
   done_S: jax.Array  # bool, stopped, out of budget, or empty
-  keys_Sx2: jax.Array  # uint32, the running sample's base key
+  uniforms_SxN: jax.Array  # float32, the running sample's uniform for each step, drawn at insert
   out_tokens_SxN: jax.Array  # int32, sampled tokens
   out_logp_SxN: jax.Array  # float32, their log-probs under the sampling distribution
   stop_tokens_X: jax.Array  # int32, padded with -1
@@ -87,20 +88,21 @@ def prefill_fn(config: QwenConfig, params, tokens_BxT, lengths_B) -> Prefix:
 
 def insert_fn(prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2, max_new_M) -> DecodeState:
   """Rows `rows_M` of `prefix` start fresh samples in `slots_M`; slot index >= S is ignored (padding)."""
-  T = qwen.cache_length(prefix.cache)
+  T, N = qwen.cache_length(prefix.cache), state.out_tokens_SxN.shape[1]
   max_len = qwen.cache_length(state.cache)
   cache = tuple(qwen.KVCache(dst.k.at[slots_M, :, :, :T].set(src.k[rows_M], mode="drop"),
                              dst.v.at[slots_M, :, :T].set(src.v[rows_M], mode="drop"))
                 for dst, src in zip(state.cache, prefix.cache))
   length_M = prefix.length_B[rows_M]
-  max_new_M = jnp.minimum(max_new_M, jnp.minimum(state.out_tokens_SxN.shape[1], max_len - length_M + 1))
+  max_new_M = jnp.minimum(max_new_M, jnp.minimum(N, max_len - length_M + 1))
+  uniforms_MxN = jax.vmap(lambda key: jax.random.uniform(key, (N,), jnp.float32))(keys_Mx2)
   put = lambda dst, src: dst.at[slots_M].set(src, mode="drop")  # noqa: E731
   return state._replace(
       cache=cache, tokens_S=put(state.tokens_S, prefix.last_token_B[rows_M]),
       positions_S=put(state.positions_S, length_M - 1),
       num_generated_S=put(state.num_generated_S, jnp.zeros_like(slots_M)),
       max_new_S=put(state.max_new_S, max_new_M), done_S=put(state.done_S, max_new_M <= 0),
-      keys_Sx2=put(state.keys_Sx2, keys_Mx2))
+      uniforms_SxN=put(state.uniforms_SxN, uniforms_MxN))
 
 
 def step_fn(config: QwenConfig, params, state: DecodeState):
@@ -108,10 +110,11 @@ def step_fn(config: QwenConfig, params, state: DecodeState):
   hidden_Sx1xE, cache = qwen.forward_with_cache(params, config, state.tokens_S[:, None], state.positions_S[:, None],
                                                 state.cache, state.positions_S)
   logits_SxV = qwen.Qwen(config).apply({"params": params}, hidden_Sx1xE[:, 0], method=qwen.Qwen.logits)
-  step_keys_Sx2 = jax.vmap(jax.random.fold_in)(state.keys_Sx2, state.num_generated_S)
-  tokens_S, logp_S = sample_tokens(logits_SxV, step_keys_Sx2, state.temperature, state.top_p, state.top_k)
-
   S, N = state.out_tokens_SxN.shape
+  step_S = jnp.minimum(state.num_generated_S, N - 1)[:, None]
+  u_S = jnp.take_along_axis(state.uniforms_SxN, step_S, axis=1)[:, 0]
+  tokens_S, logp_S = sample_tokens(logits_SxV, u_S, state.temperature, state.top_p, state.top_k)
+
   active_S = ~state.done_S
   col_S = jnp.where(active_S, state.num_generated_S, N)  # N is out of range: dropped
   rows_S = jnp.arange(S)
@@ -152,7 +155,7 @@ def init_state_fn(config: QwenConfig, num_slots, max_len, max_new_tokens, stop_t
       cache=qwen.init_cache(config, S, max_len), tokens_S=jnp.zeros((S,), jnp.int32),
       positions_S=jnp.zeros((S,), jnp.int32), num_generated_S=jnp.zeros((S,), jnp.int32),
       max_new_S=jnp.zeros((S,), jnp.int32), done_S=jnp.ones((S,), bool),
-      keys_Sx2=jnp.zeros((S, 2), jnp.uint32), out_tokens_SxN=jnp.zeros((S, N), jnp.int32),
+      uniforms_SxN=jnp.zeros((S, N), jnp.float32), out_tokens_SxN=jnp.zeros((S, N), jnp.int32),
       out_logp_SxN=jnp.zeros((S, N), jnp.float32), stop_tokens_X=stop_tokens_X.astype(jnp.int32),
       temperature=jnp.asarray(temperature, jnp.float32), top_p=jnp.asarray(top_p, jnp.float32),
       top_k=jnp.asarray(top_k, jnp.int32))
@@ -211,7 +214,7 @@ class Sampler:
     per_slot, per_slot_row = spec(slot_axis), spec(slot_axis, None)
     self.state_shardings = DecodeState(
         cache=tuple(cache_state for _ in layers), tokens_S=per_slot, positions_S=per_slot,
-        num_generated_S=per_slot, max_new_S=per_slot, done_S=per_slot, keys_Sx2=per_slot_row,
+        num_generated_S=per_slot, max_new_S=per_slot, done_S=per_slot, uniforms_SxN=per_slot_row,
         out_tokens_SxN=per_slot_row, out_logp_SxN=per_slot_row, stop_tokens_X=repl, temperature=repl,
         top_p=repl, top_k=repl)
     self.prefix_shardings = Prefix(tuple(cache_prefix for _ in layers), repl, repl)

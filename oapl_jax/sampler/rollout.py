@@ -97,7 +97,8 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
   """Sample `group_size` responses per prompt with continuous batching over the sampler's slots.
 
   params: the snapshot to sample with (normally `sampler.params`; other params, in the trainer's
-  layout or the sampler's, are run through `sampler.prepare` and reported with snapshot_version -1). prompt_ids: stable ids used for the random keys
+  layout or the sampler's, are run through `sampler.prepare` and reported with snapshot_version -1).
+  prompt_ids: stable ids used for the random keys
   (default 0..P-1), so a prompt's samples do not depend on its position in this call.
   """
   start = time.perf_counter()

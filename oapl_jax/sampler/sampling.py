@@ -37,7 +37,7 @@ def _last_positive(x_SxN) -> jax.Array:
   return x_SxN.shape[-1] - 1 - jnp.argmax(x_SxN[:, ::-1] > 0, axis=-1)
 
 
-def _inverse_cdf_sample(keys_Sx2, logp_SxV):
+def _inverse_cdf_sample(u_S, logp_SxV):
   """One uniform per row, inverted through the row's CDF in two levels: pick a block of ~sqrt(V)
   tokens from the block masses, then a token inside it. Exact like a flat inverse CDF, but with no
   V-long cumulative sum (slow on CPU, and on a 150k vocabulary everywhere). Zero-probability
@@ -48,7 +48,7 @@ def _inverse_cdf_sample(keys_Sx2, logp_SxV):
   p_SxNxB = jnp.pad(jnp.exp(logp_SxV), ((0, 0), (0, num_blocks * block - V))).reshape(S, num_blocks, block)
   mass_SxN = jnp.sum(p_SxNxB, axis=-1)
   cdf_SxN = jnp.cumsum(mass_SxN, axis=-1)
-  u_S = jax.vmap(lambda key: jax.random.uniform(key, dtype=jnp.float32))(keys_Sx2) * cdf_SxN[:, -1]
+  u_S = u_S * cdf_SxN[:, -1]
   block_S = jnp.minimum(jnp.sum(cdf_SxN <= u_S[:, None], axis=-1), _last_positive(mass_SxN))
   rest_S = u_S - jnp.take_along_axis(cdf_SxN - mass_SxN, block_S[:, None], axis=-1)[:, 0]
   p_SxB = jnp.take_along_axis(p_SxNxB, block_S[:, None, None], axis=1)[:, 0]
@@ -56,10 +56,10 @@ def _inverse_cdf_sample(keys_Sx2, logp_SxV):
   return block_S * block + inner_S
 
 
-def sample_tokens(logits_SxV: jax.Array, keys_Sx2: jax.Array, temperature, top_p, top_k):
+def sample_tokens(logits_SxV: jax.Array, u_S: jax.Array, temperature, top_p, top_k):
   """Draw one token per row. Returns (tokens_S int32, logp_S float32).
 
-  logits_SxV: raw model logits; keys_Sx2: one raw PRNG key per row.
+  logits_SxV: raw model logits; u_S: one uniform in [0, 1) per row, inverted through the CDF.
   """
   logits_SxV = logits_SxV.astype(jnp.float32)
   greedy = temperature <= 0.0
@@ -68,7 +68,7 @@ def sample_tokens(logits_SxV: jax.Array, keys_Sx2: jax.Array, temperature, top_p
   z_SxV = jax.lax.cond(needs_filter, lambda z: filter_logits(z, top_p, top_k), lambda z: z, z_SxV)
   logp_SxV = jax.nn.log_softmax(z_SxV, axis=-1)
   tokens_S = jax.lax.cond(greedy, lambda: jnp.argmax(logits_SxV, axis=-1).astype(jnp.int32),
-                          lambda: _inverse_cdf_sample(keys_Sx2, logp_SxV).astype(jnp.int32))
+                          lambda: _inverse_cdf_sample(u_S, logp_SxV).astype(jnp.int32))
   # Greedy: z is the raw logits and nothing is filtered, so logp is already the plain log-softmax.
   logp_S = jnp.take_along_axis(logp_SxV, tokens_S[:, None], axis=-1)[:, 0]
   return tokens_S, logp_S
