@@ -213,6 +213,17 @@ def test_bad_inputs_raise_clear_errors(sampler, prompts, group_size, match):
     rollout.generate_groups(sampler, sampler.params, prompts, group_size, max_new_tokens=4, seed=0)
 
 
+def test_snapshot_is_per_layer_and_the_jitted_core_refuses_the_trainer_layout(model, sampler):
+  config, params = model
+  snapshot = sampler.params
+  assert len(snapshot["layers"]) == config.num_layers
+  np.testing.assert_array_equal(snapshot["layers"][1]["mlp"]["down_proj"]["kernel"],
+                                params["layers"]["mlp"]["down_proj"]["kernel"][1])
+  assert sampler.prepare(snapshot) is snapshot  # already in the sampler's layout
+  with pytest.raises(ValueError, match="per-layer layout"):
+    sampler.prefill(params, [[1, 2, 3]])
+
+
 def test_two_level_sampling_on_a_vocab_that_is_not_a_block_multiple():
   """V = 1000 (blocks of 32, the last one padded), top-k 7 of a random row: every draw is in the
   top-7 set, the padding is never drawn, and the frequencies match the renormalised softmax."""

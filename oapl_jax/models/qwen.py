@@ -1,15 +1,15 @@
 """Flax (linen) dense Qwen decoder: Qwen2 / Qwen2.5 / Qwen3 from one QwenConfig.
 
-Layers are stacked with `nn.scan` (parameters carry a leading 'layers' axis), every parameter and
-main activation carries logical axis names, and the forward optionally reads/writes a KV cache so
-the same module serves training (no cache) and the sampler (prefill + decode).
+Training runs `Qwen`: layers stacked with `nn.scan` (parameters carry a leading 'layers' axis),
+logical axis names on every parameter and main activation. The sampler runs `forward_with_cache`
+on the same weights split per layer (`unstack_layers`, once per snapshot) over per-layer KV
+caches, as a Python loop over layers: inside a scan, slicing one layer out of a stacked cache (or
+stacked weights) costs a copy of it every decode step.
 
 Attention uses key index == absolute position, so right-padded prompts need only a causal mask:
 garbage written past a row's true length is never visible to a query at an earlier position.
-With a cache (the sampler's prefill and decode), the layers run as a Python loop over per-layer
-caches instead of the scan: slicing a layer out of a stacked cache inside a scan costs a copy of
-that layer's cache every step. Each layer attends over its old cache (entries before this call's
-write index) plus this call's own keys, then scatters the new keys/values into its cache in place.
+With a cache, each layer first scatters this call's keys/values into its cache in place, then
+attends over the cache (key index <= query position); no stale entry is ever visible.
 """
 from typing import Any, NamedTuple, Optional
 
@@ -121,14 +121,14 @@ def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
 class Attention(nn.Module):
   """Causal self-attention by position. Without a cache it attends over this call's own tokens
   (with the optional key mask); with one it first writes this call's keys/values into the cache
-  at `write_index_B`, then attends over the cache's first `window` entries (key index <= the
-  query's position), and returns the updated cache."""
+  at `write_index_B`, then attends over the cache (key index <= the query's position), and
+  returns the updated cache."""
 
   config: QwenConfig
 
   @nn.compact
   def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache: Optional[KVCache] = None,
-               write_index_B=None, window: Optional[int] = None):
+               write_index_B=None):
     c = self.config
     q = _dense((c.num_heads, c.head_dim), ("embed", "q_heads", "head_dim"), c, "q_proj", c.qkv_bias)(x_BxTxE)
     k = _dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c, "k_proj", c.qkv_bias)(x_BxTxE)
@@ -149,9 +149,8 @@ class Attention(nn.Module):
         visible_BxTxS &= key_mask_BxS[:, None, :].astype(bool)
     else:
       layer_cache = write_cache(layer_cache, k_BxKxTxD, v_BxKxTxD, write_index_B)
-      S = min(window or layer_cache.k.shape[-1], layer_cache.k.shape[-1])
-      keys_BxKxDxS, values_BxKxSxD = layer_cache.k[..., :S], layer_cache.v[:, :, :S]
-      visible_BxTxS = jnp.arange(S)[None, None, :] <= positions_BxT[:, :, None]
+      keys_BxKxDxS, values_BxKxSxD = layer_cache
+      visible_BxTxS = jnp.arange(keys_BxKxDxS.shape[-1])[None, None, :] <= positions_BxT[:, :, None]
     scores = _attention_dot(q_BxTxKxGxD, keys_BxKxDxS.astype(q.dtype))
     scores = jnp.where(visible_BxTxS[:, None, None], scores / jnp.sqrt(jnp.float32(D)), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
@@ -173,16 +172,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One block: (x, positions, key mask, [layer cache, write index, window]) -> (x, updated cache or None)."""
+  """One block: (x, positions, key mask, [layer cache, write index]) -> (x, updated cache or None)."""
 
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache=None, write_index_B=None,
-               window=None):
+  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache=None, write_index_B=None):
     c = self.config
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
-    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache, write_index_B, window)
+    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache, write_index_B)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
     x_BxTxE = x_BxTxE + MLP(c, name="mlp")(h)
@@ -243,11 +241,10 @@ def unstacked_logical_axes(config: QwenConfig):
   return {**axes, "layers": (one_layer,) * config.num_layers}
 
 
-def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache, write_index_B,
-                       window: Optional[int] = None):
+def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache, write_index_B):
   """Prefill or decode: (final-norm hidden [B, T, E], updated cache). `params` in the
   unstack_layers layout; layers run as a Python loop over the per-layer caches. Row b's T new
-  entries go to cache positions write_index_B[b]...; attention reads the first `window` entries."""
+  entries go to cache positions write_index_B[b], write_index_B[b] + 1, ..."""
   if len(cache) != config.num_layers or len(params["layers"]) != config.num_layers:
     raise ValueError(f"cache has {len(cache)} layers and params {len(params['layers'])}; "
                      f"the model has {config.num_layers}")
@@ -255,8 +252,7 @@ def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, ca
   x = model.apply({"params": params}, tokens_BxT, method=Qwen.embed_tokens)
   new_cache = []
   for layer_params, layer_cache in zip(params["layers"], cache):
-    x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, None, layer_cache, write_index_B,
-                                 window)
+    x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, None, layer_cache, write_index_B)
     new_cache.append(layer_cache)
   return model.apply({"params": params}, x, method=Qwen.finish), tuple(new_cache)
 
