@@ -254,9 +254,9 @@ class Sampler:
     """Trainer-layout params -> the sampler's: cast to the sampler dtype, a device-to-device
     reshard onto the sampler mesh (never through host memory), then split into per-layer trees.
     Params already in the sampler's layout are returned as they are."""
-    trainer_params = nn.unbox(trainer_params)
-    if isinstance(trainer_params.get("layers"), tuple):
+    if isinstance(trainer_params, dict) and isinstance(trainer_params.get("layers"), tuple):
       return trainer_params
+    trainer_params = nn.unbox(trainer_params)
     if jax.tree.structure(trainer_params) != jax.tree.structure(self.param_shardings):
       raise ValueError("the params tree does not match the sampler's model config "
                        f"(expected {jax.tree.structure(self.param_shardings)})")
