@@ -51,7 +51,7 @@ def build_engine(args: argparse.Namespace) -> QwenEngine:
 def build_driver(engine: QwenEngine, params=None):
   """An in-process JetStream orchestrator (interleaved: one engine prefills and generates)."""
   from jetstream.core import orchestrator
-  params = engine.load_params() if params is None else params
+  params = engine.load_params() if params is None else engine.sampler.prepare(params)
   return orchestrator.Driver(prefill_engines=[engine], generate_engines=[engine], prefill_params=[params],
                              generate_params=[params], interleaved_mode=True)
 
