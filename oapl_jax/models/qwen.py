@@ -87,16 +87,14 @@ def _dense(features, axes, config, name, bias=False, in_axes=-1):
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
 
 
-def write_cache(layer_cache: KVCache, new_k_BxKxTxD, new_v_BxKxTxD, write_index_B) -> KVCache:
-  """Scatter a call's T new entries into each row at that row's own offset (in place)."""
-  B, T = new_k_BxKxTxD.shape[0], new_k_BxKxTxD.shape[2]
-  rows_Bx1 = jnp.arange(B)[:, None]
-  slots_BxT = write_index_B[:, None] + jnp.arange(T)[None, :]
-  # Advanced indices (rows, slots) around sliced axes: the indexed block is [B, T, K, D].
+def _write_cache(layer_cache: KVCache, new_k_BxKxTxD, new_v_BxKxTxD, positions_BxT) -> KVCache:
+  """Scatter a call's T new entries into the cache, each at its own position (in place)."""
+  rows_Bx1 = jnp.arange(positions_BxT.shape[0])[:, None]
+  # Advanced indices (rows, positions) around sliced axes: the indexed block is [B, T, K, D].
   block_k = new_k_BxKxTxD.swapaxes(1, 2).astype(layer_cache.k.dtype)
   block_v = new_v_BxKxTxD.swapaxes(1, 2).astype(layer_cache.v.dtype)
-  return KVCache(layer_cache.k.at[rows_Bx1, :, :, slots_BxT].set(block_k, mode="drop"),
-                 layer_cache.v.at[rows_Bx1, :, slots_BxT, :].set(block_v, mode="drop"))
+  return KVCache(layer_cache.k.at[rows_Bx1, :, :, positions_BxT].set(block_k, mode="drop"),
+                 layer_cache.v.at[rows_Bx1, :, positions_BxT, :].set(block_v, mode="drop"))
 
 
 # One query position (decode): many tiny per-(row, head) matmuls are slow as batched dots on
@@ -121,14 +119,13 @@ def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
 class Attention(nn.Module):
   """Causal self-attention by position. Without a cache it attends over this call's own tokens
   (with the optional key mask); with one it first writes this call's keys/values into the cache
-  at `write_index_B`, then attends over the cache (key index <= the query's position), and
+  at their positions, then attends over the cache (key index <= the query's position), and
   returns the updated cache."""
 
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache: Optional[KVCache] = None,
-               write_index_B=None):
+  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache: Optional[KVCache] = None):
     c = self.config
     q = _dense((c.num_heads, c.head_dim), ("embed", "q_heads", "head_dim"), c, "q_proj", c.qkv_bias)(x_BxTxE)
     k = _dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c, "k_proj", c.qkv_bias)(x_BxTxE)
@@ -148,7 +145,7 @@ class Attention(nn.Module):
       if key_mask_BxS is not None:
         visible_BxTxS &= key_mask_BxS[:, None, :].astype(bool)
     else:
-      layer_cache = write_cache(layer_cache, k_BxKxTxD, v_BxKxTxD, write_index_B)
+      layer_cache = _write_cache(layer_cache, k_BxKxTxD, v_BxKxTxD, positions_BxT)
       keys_BxKxDxS, values_BxKxSxD = layer_cache
       visible_BxTxS = jnp.arange(keys_BxKxDxS.shape[-1])[None, None, :] <= positions_BxT[:, :, None]
     scores = _attention_dot(q_BxTxKxGxD, keys_BxKxDxS.astype(q.dtype))
@@ -172,15 +169,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One block: (x, positions, key mask, [layer cache, write index]) -> (x, updated cache or None)."""
+  """One block: (x, positions, key mask, [layer cache]) -> (x, updated cache or None)."""
 
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache=None, write_index_B=None):
+  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache=None):
     c = self.config
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
-    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache, write_index_B)
+    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
     x_BxTxE = x_BxTxE + MLP(c, name="mlp")(h)
@@ -233,6 +230,11 @@ def unstack_layers(params):
   return {**params, "layers": tuple(jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(num_layers))}
 
 
+def is_per_layer(params) -> bool:
+  """Whether `params` are in the unstack_layers layout."""
+  return isinstance(params, dict) and isinstance(params.get("layers"), tuple)
+
+
 def unstacked_logical_axes(config: QwenConfig):
   """param_logical_axes in the unstack_layers layout (the leading 'layers' name dropped)."""
   axes = param_logical_axes(config)
@@ -241,10 +243,10 @@ def unstacked_logical_axes(config: QwenConfig):
   return {**axes, "layers": (one_layer,) * config.num_layers}
 
 
-def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache, write_index_B):
+def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache):
   """Prefill or decode: (final-norm hidden [B, T, E], updated cache). `params` in the
-  unstack_layers layout; layers run as a Python loop over the per-layer caches. Row b's T new
-  entries go to cache positions write_index_B[b], write_index_B[b] + 1, ..."""
+  unstack_layers layout; layers run as a Python loop over the per-layer caches. Each token's
+  key/value is written at its position (cache index == absolute position)."""
   if len(cache) != config.num_layers or len(params["layers"]) != config.num_layers:
     raise ValueError(f"cache has {len(cache)} layers and params {len(params['layers'])}; "
                      f"the model has {config.num_layers}")
@@ -252,7 +254,7 @@ def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, ca
   x = model.apply({"params": params}, tokens_BxT, method=Qwen.embed_tokens)
   new_cache = []
   for layer_params, layer_cache in zip(params["layers"], cache):
-    x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, None, layer_cache, write_index_B)
+    x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, None, layer_cache)
     new_cache.append(layer_cache)
   return model.apply({"params": params}, x, method=Qwen.finish), tuple(new_cache)
 

@@ -80,8 +80,7 @@ def prefill_fn(config: QwenConfig, params, tokens_BxT, lengths_B) -> Prefix:
   valid_BxT = jnp.arange(T)[None, :] < lengths_B[:, None]
   tokens_BxT = jnp.where(valid_BxT, tokens_BxT, 0)  # keep padding finite (no out-of-range ids)
   positions_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
-  _, cache = qwen.forward_with_cache(params, config, tokens_BxT, positions_BxT, qwen.init_cache(config, B, T),
-                                     jnp.zeros((B,), jnp.int32))
+  _, cache = qwen.forward_with_cache(params, config, tokens_BxT, positions_BxT, qwen.init_cache(config, B, T))
   last_B = jnp.take_along_axis(tokens_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
   return Prefix(cache, last_B, lengths_B)
 
@@ -108,7 +107,7 @@ def insert_fn(prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2, max
 def step_fn(config: QwenConfig, params, state: DecodeState):
   """One token for every slot. Returns (state, sampled tokens_S, active_S = slot was live)."""
   hidden_Sx1xE, cache = qwen.forward_with_cache(params, config, state.tokens_S[:, None], state.positions_S[:, None],
-                                                state.cache, state.positions_S)
+                                                state.cache)
   logits_SxV = qwen.Qwen(config).apply({"params": params}, hidden_Sx1xE[:, 0], method=qwen.Qwen.logits)
   S, N = state.out_tokens_SxN.shape
   step_S = jnp.minimum(state.num_generated_S, N - 1)[:, None]
@@ -239,7 +238,7 @@ class Sampler:
 
   @staticmethod
   def _check_layout(params):
-    if not isinstance(params, dict) or not isinstance(params.get("layers"), tuple):
+    if not qwen.is_per_layer(params):
       raise ValueError("params are not in the sampler's per-layer layout: use sampler.params, or "
                        "sampler.prepare(trainer_params)")
 
@@ -254,7 +253,7 @@ class Sampler:
     """Trainer-layout params -> the sampler's: cast to the sampler dtype, a device-to-device
     reshard onto the sampler mesh (never through host memory), then split into per-layer trees.
     Params already in the sampler's layout are returned as they are."""
-    if isinstance(trainer_params, dict) and isinstance(trainer_params.get("layers"), tuple):
+    if qwen.is_per_layer(trainer_params):
       return trainer_params
     trainer_params = nn.unbox(trainer_params)
     if jax.tree.structure(trainer_params) != jax.tree.structure(self.param_shardings):
