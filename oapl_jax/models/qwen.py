@@ -47,6 +47,16 @@ def cache_length(cache: Cache) -> int:
   return cache[0].k.shape[-1]
 
 
+def grow_cache(cache: Cache, max_len: int) -> Cache:
+  """Zero-pad every layer's cache to `max_len` positions. Entries keep their positions, so the
+  longer cache attends exactly like the shorter one."""
+  extra = max_len - cache_length(cache)
+  if extra < 0:
+    raise ValueError(f"cannot shrink a cache of length {cache_length(cache)} to {max_len}")
+  return tuple(KVCache(jnp.pad(c.k, ((0, 0), (0, 0), (0, 0), (0, extra))),
+                       jnp.pad(c.v, ((0, 0), (0, 0), (0, extra), (0, 0)))) for c in cache)
+
+
 CACHE_LOGICAL_AXES = KVCache(("cache_batch", "cache_kv_heads", "head_dim", "cache_length"),
                              ("cache_batch", "cache_kv_heads", "cache_length", "head_dim"))
 
@@ -69,13 +79,38 @@ class RMSNorm(nn.Module):
     return scale.astype(x.dtype) * x32.astype(x.dtype)  # same rounding order as HF
 
 
-def rope(x_BxTxHxD, positions_BxT, theta: float):
+class Rotary(NamedTuple):
+  """cos / sin of the rotary angles, [B, T, 1, head_dim / 2]: made once per forward and shared by
+  every layer's q and k. (Or, from `rotary_table`, [L, head_dim / 2] for positions 0..L-1.)"""
+
+  cos: Array
+  sin: Array
+
+
+def rotary_table(config: QwenConfig, length: int) -> Rotary:
+  """cos / sin for positions 0..length-1, [length, head_dim / 2]."""
+  half = config.head_dim // 2
+  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / (2 * half)))
+  angles_LxF = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq
+  return Rotary(jnp.cos(angles_LxF).astype(config.jnp_dtype), jnp.sin(angles_LxF).astype(config.jnp_dtype))
+
+
+def rotary(config: QwenConfig, positions_BxT, table: Optional[Rotary] = None) -> Rotary:
+  """The angles at `positions_BxT`: computed, or looked up in a `rotary_table` (a decode loop
+  builds the table once; XLA:CPU would otherwise re-evaluate the trig inside every fused consumer,
+  for each layer, head and q/k)."""
+  if table is not None:
+    return Rotary(table.cos[positions_BxT][:, :, None], table.sin[positions_BxT][:, :, None])
+  half = config.head_dim // 2
+  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / (2 * half)))
+  angles_BxTx1xF = positions_BxT.astype(jnp.float32)[..., None, None] * inv_freq
+  return Rotary(jnp.cos(angles_BxTx1xF).astype(config.jnp_dtype), jnp.sin(angles_BxTx1xF).astype(config.jnp_dtype))
+
+
+def rope(x_BxTxHxD, rot: Rotary):
   """Rotary embedding, HF's rotate-half layout (first half / second half of head_dim)."""
   half = x_BxTxHxD.shape[-1] // 2
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / (2 * half)))
-  angles_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
-  cos = jnp.cos(angles_BxTxF)[:, :, None, :].astype(x_BxTxHxD.dtype)
-  sin = jnp.sin(angles_BxTxF)[:, :, None, :].astype(x_BxTxHxD.dtype)
+  cos, sin = rot.cos.astype(x_BxTxHxD.dtype), rot.sin.astype(x_BxTxHxD.dtype)
   x1, x2 = x_BxTxHxD[..., :half], x_BxTxHxD[..., half:]
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
@@ -97,22 +132,24 @@ def _write_cache(layer_cache: KVCache, new_k_BxKxTxD, new_v_BxKxTxD, positions_B
                  layer_cache.v.at[rows_Bx1, :, positions_BxT, :].set(block_v, mode="drop"))
 
 
-# One query position (decode): many tiny per-(row, head) matmuls are slow as batched dots on
-# CPU, so the products are written as a fused multiply-reduce there; the math is identical.
+# One query position (decode) gets its own 4-d einsums: XLA:CPU runs these batched dots several
+# times faster than the same products with a unit T axis (measured, benchmarks/sampler_bench.py).
 def _attention_dot(q_BxTxKxGxD, kt_BxKxDxS):
+  """Scores [B, K, G, T, S] in float32."""
   if q_BxTxKxGxD.shape[1] == 1:
-    prod = q_BxTxKxGxD[:, 0, :, :, :, None].astype(jnp.float32) * kt_BxKxDxS[:, :, None].astype(jnp.float32)
-    return jnp.sum(prod, axis=3)[:, :, :, None, :]  # [B, K, G, 1, S]
+    f32 = jnp.float32
+    return jnp.einsum("bkgd,bkds->bkgs", q_BxTxKxGxD[:, 0].astype(f32), kt_BxKxDxS.astype(f32))[:, :, :, None]
   # A plain batched matmul ([B, K] batch, query-major lhs): XLA:CPU's bf16 x bf16 -> f32 dot takes only this form.
   q_BxKxGxTxD = q_BxTxKxGxD.transpose(0, 2, 3, 1, 4)
   return jnp.einsum("bkgtd,bkds->bkgts", q_BxKxGxTxD, kt_BxKxDxS, preferred_element_type=jnp.float32)
 
 
 def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
+  """Attention output [B, T, K, G, D]."""
   if probs_BxKxGxTxS.shape[3] == 1:
-    out_BxKxGxD = jnp.sum(probs_BxKxGxTxS[:, :, :, 0, :, None].astype(jnp.float32)
-                          * v_BxKxSxD[:, :, None].astype(jnp.float32), axis=3)
-    return out_BxKxGxD[:, None].astype(v_BxKxSxD.dtype)  # [B, 1, K, G, D]
+    f32 = jnp.float32
+    out_BxKxGxD = jnp.einsum("bkgs,bksd->bkgd", probs_BxKxGxTxS[:, :, :, 0].astype(f32), v_BxKxSxD.astype(f32))
+    return out_BxKxGxD[:, None].astype(v_BxKxSxD.dtype)
   return jnp.einsum("bkgts,bksd->btkgd", probs_BxKxGxTxS, v_BxKxSxD)
 
 
@@ -125,7 +162,7 @@ class Attention(nn.Module):
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache: Optional[KVCache] = None):
+  def __call__(self, x_BxTxE, positions_BxT, rot: Rotary, key_mask_BxS=None, layer_cache: Optional[KVCache] = None):
     c = self.config
     q = _dense((c.num_heads, c.head_dim), ("embed", "q_heads", "head_dim"), c, "q_proj", c.qkv_bias)(x_BxTxE)
     k = _dense((c.num_kv_heads, c.head_dim), ("embed", "kv_heads", "head_dim"), c, "k_proj", c.qkv_bias)(x_BxTxE)
@@ -133,8 +170,8 @@ class Attention(nn.Module):
     if c.qk_norm:
       q = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, "head_dim", name="q_norm")(q)
       k = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, "head_dim", name="k_norm")(k)
-    q = _constrain(rope(q, positions_BxT, c.rope_theta), ("activation_batch", "activation_length", "activation_heads", None))
-    k = rope(k, positions_BxT, c.rope_theta)
+    q = _constrain(rope(q, rot), ("activation_batch", "activation_length", "activation_heads", None))
+    k = rope(k, rot)
 
     B, T, H, D = q.shape
     q_BxTxKxGxD = q.reshape(B, T, c.num_kv_heads, H // c.num_kv_heads, D)
@@ -169,15 +206,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """One block: (x, positions, key mask, [layer cache]) -> (x, updated cache or None)."""
+  """One block: (x, positions, rotary, key mask, [layer cache]) -> (x, updated cache or None)."""
 
   config: QwenConfig
 
   @nn.compact
-  def __call__(self, x_BxTxE, positions_BxT, key_mask_BxS=None, layer_cache=None):
+  def __call__(self, x_BxTxE, positions_BxT, rot: Rotary, key_mask_BxS=None, layer_cache=None):
     c = self.config
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
-    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, key_mask_BxS, layer_cache)
+    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, rot, key_mask_BxS, layer_cache)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
     x_BxTxE = x_BxTxE + MLP(c, name="mlp")(h)
@@ -197,7 +234,7 @@ class Qwen(nn.Module):
                           embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
     layer = nn.remat(DecoderLayer, prevent_cse=False) if c.remat else DecoderLayer
     self.layers = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                          in_axes=(nn.broadcast,) * 2, length=c.num_layers,
+                          in_axes=(nn.broadcast,) * 3, length=c.num_layers,
                           metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
     self.final_norm = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype)
     if not c.tie_word_embeddings:
@@ -206,7 +243,7 @@ class Qwen(nn.Module):
   def __call__(self, tokens_BxT, positions_BxT=None, *, key_mask_BxS=None):
     if positions_BxT is None:
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
-    x, _ = self.layers(self.embed_tokens(tokens_BxT), positions_BxT, key_mask_BxS)
+    x, _ = self.layers(self.embed_tokens(tokens_BxT), positions_BxT, rotary(self.config, positions_BxT), key_mask_BxS)
     return self.final_norm(x)
 
   def embed_tokens(self, tokens_BxT):
@@ -243,18 +280,21 @@ def unstacked_logical_axes(config: QwenConfig):
   return {**axes, "layers": (one_layer,) * config.num_layers}
 
 
-def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache):
+def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache,
+                       rope_table: Optional[Rotary] = None):
   """Prefill or decode: (final-norm hidden [B, T, E], updated cache). `params` in the
   unstack_layers layout; layers run as a Python loop over the per-layer caches. Each token's
-  key/value is written at its position (cache index == absolute position)."""
+  key/value is written at its position (cache index == absolute position). A decode loop passes
+  a `rotary_table` covering the cache, built once outside the loop."""
   if len(cache) != config.num_layers or len(params["layers"]) != config.num_layers:
     raise ValueError(f"cache has {len(cache)} layers and params {len(params['layers'])}; "
                      f"the model has {config.num_layers}")
   model, layer = Qwen(config), DecoderLayer(config)
   x = model.apply({"params": params}, tokens_BxT, method=Qwen.embed_tokens)
+  rot = rotary(config, positions_BxT, rope_table)
   new_cache = []
   for layer_params, layer_cache in zip(params["layers"], cache):
-    x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, None, layer_cache)
+    x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, rot, None, layer_cache)
     new_cache.append(layer_cache)
   return model.apply({"params": params}, x, method=Qwen.finish), tuple(new_cache)
 

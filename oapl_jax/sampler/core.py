@@ -36,6 +36,7 @@ from oapl_jax.sampler.sampling import sample_tokens
 FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
 FINISH_NAMES = ("none", "stop", "length")
 MIN_PREFILL_BUCKET = 8
+MIN_CACHE_BUCKET = 16
 
 
 class Prefix(NamedTuple):
@@ -49,7 +50,7 @@ class Prefix(NamedTuple):
 class DecodeState(NamedTuple):
   """Everything a decode step reads and writes, for S slots and N new tokens at most."""
 
-  cache: qwen.Cache  # per layer: k [S, kv_heads, head_dim, max_len], v [S, kv_heads, max_len, head_dim]
+  cache: qwen.Cache  # per layer: k [S, kv_heads, head_dim, L], v [S, kv_heads, L, head_dim]; L <= max_len
   tokens_S: jax.Array  # int32, token fed at the next step (last prompt token, then last sampled)
   positions_S: jax.Array  # int32, absolute position of tokens_S
   num_generated_S: jax.Array  # int32, tokens sampled so far
@@ -62,6 +63,7 @@ class DecodeState(NamedTuple):
   temperature: jax.Array  # float32 scalar, 0 = greedy
   top_p: jax.Array  # float32 scalar
   top_k: jax.Array  # int32 scalar, 0 = off
+  max_len: jax.Array  # int32 scalar: the cache length the state may grow to, which caps the budgets
 
 
 def prefill_bucket(length: int, max_prefill_length: int) -> int:
@@ -72,6 +74,14 @@ def prefill_bucket(length: int, max_prefill_length: int) -> int:
 
 def pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cache_bucket(length: int, max_len: int) -> int:
+  """Cache lengths a decode state grows through: 16, 24, 32, 48, 64, 96, ... (powers of two and
+  1.5x them), capped at max_len. Attention costs what the cache holds, so a young batch runs on a
+  short cache; two lengths per doubling bound the padding to a third, and the compiles to two."""
+  p = pow2(max(length, MIN_CACHE_BUCKET))
+  return min(p * 3 // 4 if MIN_CACHE_BUCKET < length <= p * 3 // 4 else p, int(max_len))
 
 
 # ---------------------------------------------------------------- pure functions (jitted below)
@@ -88,12 +98,11 @@ def prefill_fn(config: QwenConfig, params, tokens_BxT, lengths_B) -> Prefix:
 def insert_fn(prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2, max_new_M) -> DecodeState:
   """Rows `rows_M` of `prefix` start fresh samples in `slots_M`; slot index >= S is ignored (padding)."""
   T, N = qwen.cache_length(prefix.cache), state.out_tokens_SxN.shape[1]
-  max_len = qwen.cache_length(state.cache)
   cache = tuple(qwen.KVCache(dst.k.at[slots_M, :, :, :T].set(src.k[rows_M], mode="drop"),
                              dst.v.at[slots_M, :, :T].set(src.v[rows_M], mode="drop"))
                 for dst, src in zip(state.cache, prefix.cache))
   length_M = prefix.length_B[rows_M]
-  max_new_M = jnp.minimum(max_new_M, jnp.minimum(N, max_len - length_M + 1))
+  max_new_M = jnp.minimum(max_new_M, jnp.minimum(N, state.max_len - length_M + 1))
   uniforms_MxN = jax.vmap(lambda key: jax.random.uniform(key, (N,), jnp.float32))(keys_Mx2)
   put = lambda dst, src: dst.at[slots_M].set(src, mode="drop")  # noqa: E731
   return state._replace(
@@ -104,10 +113,10 @@ def insert_fn(prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2, max
       uniforms_SxN=put(state.uniforms_SxN, uniforms_MxN))
 
 
-def step_fn(config: QwenConfig, params, state: DecodeState):
+def step_fn(config: QwenConfig, params, state: DecodeState, rope_table=None):
   """One token for every slot. Returns (state, sampled tokens_S, active_S = slot was live)."""
   hidden_Sx1xE, cache = qwen.forward_with_cache(params, config, state.tokens_S[:, None], state.positions_S[:, None],
-                                                state.cache)
+                                                state.cache, rope_table)
   logits_SxV = qwen.Qwen(config).apply({"params": params}, hidden_Sx1xE[:, 0], method=qwen.Qwen.logits)
   S, N = state.out_tokens_SxN.shape
   step_S = jnp.minimum(state.num_generated_S, N - 1)[:, None]
@@ -134,9 +143,11 @@ def decode_fn(config: QwenConfig, params, state: DecodeState, num_steps) -> Deco
     i, s = carry
     return (i < num_steps) & jnp.any(~s.done_S)
 
+  rope_table = qwen.rotary_table(config, qwen.cache_length(state.cache))  # once, outside the loop
+
   def body(carry):
     i, s = carry
-    return i + 1, step_fn(config, params, s)[0]
+    return i + 1, step_fn(config, params, s, rope_table)[0]
 
   return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
 
@@ -147,17 +158,17 @@ def generate_fn(config: QwenConfig, params, state: DecodeState):
   return state, jnp.stack([tokens_S, active_S.astype(jnp.int32), state.num_generated_S], axis=1)
 
 
-def init_state_fn(config: QwenConfig, num_slots, max_len, max_new_tokens, stop_tokens_X,
+def init_state_fn(config: QwenConfig, num_slots, cache_len, max_new_tokens, max_len, stop_tokens_X,
                   temperature, top_p, top_k) -> DecodeState:
   S, N = num_slots, max_new_tokens
   return DecodeState(
-      cache=qwen.init_cache(config, S, max_len), tokens_S=jnp.zeros((S,), jnp.int32),
+      cache=qwen.init_cache(config, S, cache_len), tokens_S=jnp.zeros((S,), jnp.int32),
       positions_S=jnp.zeros((S,), jnp.int32), num_generated_S=jnp.zeros((S,), jnp.int32),
       max_new_S=jnp.zeros((S,), jnp.int32), done_S=jnp.ones((S,), bool),
       uniforms_SxN=jnp.zeros((S, N), jnp.float32), out_tokens_SxN=jnp.zeros((S, N), jnp.int32),
       out_logp_SxN=jnp.zeros((S, N), jnp.float32), stop_tokens_X=stop_tokens_X.astype(jnp.int32),
       temperature=jnp.asarray(temperature, jnp.float32), top_p=jnp.asarray(top_p, jnp.float32),
-      top_k=jnp.asarray(top_k, jnp.int32))
+      top_k=jnp.asarray(top_k, jnp.int32), max_len=jnp.asarray(max_len, jnp.int32))
 
 
 @jax.jit
@@ -215,7 +226,7 @@ class Sampler:
         cache=tuple(cache_state for _ in layers), tokens_S=per_slot, positions_S=per_slot,
         num_generated_S=per_slot, max_new_S=per_slot, done_S=per_slot, uniforms_SxN=per_slot_row,
         out_tokens_SxN=per_slot_row, out_logp_SxN=per_slot_row, stop_tokens_X=repl, temperature=repl,
-        top_p=repl, top_k=repl)
+        top_p=repl, top_k=repl, max_len=repl)
     self.prefix_shardings = Prefix(tuple(cache_prefix for _ in layers), repl, repl)
 
     c = config
@@ -226,6 +237,8 @@ class Sampler:
                              out_shardings=(self.state_shardings, repl))
     self._init_state = jax.jit(functools.partial(init_state_fn, c), static_argnums=(0, 1, 2),
                                out_shardings=self.state_shardings)
+    self._grow = jax.jit(lambda s, n: s._replace(cache=qwen.grow_cache(s.cache, n)), static_argnums=1,
+                         out_shardings=self.state_shardings)
     self._gather = jax.jit(lambda s, idx: (s.out_tokens_SxN[idx], s.out_logp_SxN[idx], s.num_generated_S[idx]))
     self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(c.jnp_param_dtype), p))
     self._unstack = jax.jit(qwen.unstack_layers, out_shardings=self.snapshot_shardings)
@@ -286,16 +299,28 @@ class Sampler:
   # ---- decode state
   def init_decode_state(self, *, max_len: Optional[int] = None, max_new_tokens: Optional[int] = None,
                         temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                        stop_tokens: Sequence[int] = ()) -> DecodeState:
-    """All slots empty. max_len (cache length) defaults to max_prefill_length + max_new_tokens."""
+                        stop_tokens: Sequence[int] = (), cache_len: Optional[int] = None) -> DecodeState:
+    """All slots empty. max_len (the longest prompt + response a slot holds) defaults to
+    max_prefill_length + max_new_tokens. The cache starts at cache_len positions (default max_len)
+    and must be grown (`grow_cache`) before any slot's position reaches its length."""
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
       raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
     n = int(max_new_tokens or self.max_new_tokens)
     max_len = int(max_len or self.max_prefill_length + n)
+    cache_len = int(cache_len or max_len)
+    if not 1 <= cache_len <= max_len:
+      raise ValueError(f"cache_len={cache_len} must be in [1, max_len={max_len}]")
     stops = np.full((max(1, len(stop_tokens)),), -1, np.int32)
     stops[:len(stop_tokens)] = list(stop_tokens)
     with self._ctx():
-      return self._init_state(self.num_slots, max_len, n, stops, temperature, top_p, top_k)
+      return self._init_state(self.num_slots, cache_len, n, max_len, stops, temperature, top_p, top_k)
+
+  def grow_cache(self, state: DecodeState, cache_len: int) -> DecodeState:
+    """The same state with its cache zero-padded to cache_len positions (no-op if already that long)."""
+    if cache_len <= qwen.cache_length(state.cache):
+      return state
+    with self._ctx():
+      return self._grow(state, int(cache_len))
 
   # ---- the three jitted operations
   def prefill(self, params, prompts: Sequence[Sequence[int]]) -> Prefix:

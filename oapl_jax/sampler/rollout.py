@@ -7,7 +7,9 @@
 Continuous batching over the sampler's slots: whenever slots finish, they are refilled at once
 with the next pending (prompt, sample) pairs (prompts are prefilled once, in length buckets, and
 shared by their G samples). The device runs `steps_per_sync` decode steps per host visit; the host
-reads only the done flags, plus the rows of slots that just finished.
+reads only the done flags, plus the rows of slots that just finished. The KV cache grows with the
+batch (`core.cache_bucket`): before each visit the host bounds every slot's position from what it
+has run, so a young batch attends over a short cache instead of the full prompt + response length.
 
 Sample g of prompt p draws from the key (seed, prompt_ids[p], g), folded with the step, so results
 do not depend on slot assignment, on the number of slots, or on what else is in the batch.
@@ -117,9 +119,10 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
     raise ValueError(f"prompt_ids has {len(prompt_ids)} entries for {P} prompts")
 
   longest = max(len(p) for p in prompts)
-  state = sampler.init_decode_state(max_len=core.prefill_bucket(longest, sampler.max_prefill_length) + N,
-                                    max_new_tokens=N, temperature=temperature, top_p=top_p, top_k=top_k,
-                                    stop_tokens=stop_tokens)
+  max_len = core.prefill_bucket(longest, sampler.max_prefill_length) + N
+  first_reach = max(core.prefill_bucket(longest, sampler.max_prefill_length), longest - 1 + steps_per_sync)
+  state = sampler.init_decode_state(max_len=max_len, cache_len=core.cache_bucket(first_reach, max_len), max_new_tokens=N,
+                                    temperature=temperature, top_p=top_p, top_k=top_k, stop_tokens=stop_tokens)
   out = RolloutGroups(
       prompt_tokens=np.zeros((P, longest), np.int32), prompt_lengths=np.array([len(p) for p in prompts], np.int32),
       response_tokens=np.zeros((P, G, N), np.int32), response_mask=np.zeros((P, G, N), bool),
@@ -134,14 +137,22 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
   pending = collections.deque((p, g) for p in range(P) for g in range(G))
   prefixes = {}  # prompt index -> (Prefix, row); dropped once the prompt's last sample is placed
   occupant = [None] * S  # slot -> (p, g)
+  last_position = [0] * S  # an upper bound on each occupied slot's position so far
   while pending or any(o is not None for o in occupant):
     free = [s for s in range(S) if occupant[s] is None]
     if free and pending:
       batch = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+      bucket = max(core.prefill_bucket(len(prompts[p]), sampler.max_prefill_length) for p, _ in batch)
+      state = sampler.grow_cache(state, core.cache_bucket(bucket, max_len))
       state = _start(sampler, params, state, prompts, prompt_ids, prefixes, batch, free, seed, G, out)
-      for s, pg in zip(free, batch):
-        occupant[s] = pg
+      for s, (p, g) in zip(free, batch):
+        occupant[s] = (p, g)
+        last_position[s] = len(prompts[p]) - 1
+    # The chunk writes positions up to last + steps_per_sync - 1 (the first step rewrites the last prompt token).
+    reach = max(last_position[s] for s in range(S) if occupant[s] is not None) + steps_per_sync
+    state = sampler.grow_cache(state, core.cache_bucket(reach, max_len))
     state = sampler.decode(params, state, steps_per_sync)
+    last_position = [p + steps_per_sync for p in last_position]
     out.num_decode_calls += 1
     done = np.asarray(state.done_S)  # the one host sync per chunk
     finished = [s for s in range(S) if occupant[s] is not None and done[s]]

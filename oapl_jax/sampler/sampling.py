@@ -37,15 +37,16 @@ def _last_positive(x_SxN) -> jax.Array:
   return x_SxN.shape[-1] - 1 - jnp.argmax(x_SxN[:, ::-1] > 0, axis=-1)
 
 
-def _inverse_cdf_sample(u_S, logp_SxV):
-  """One uniform per row, inverted through the row's CDF in two levels: pick a block of ~sqrt(V)
-  tokens from the block masses, then a token inside it. Exact like a flat inverse CDF, but with no
-  V-long cumulative sum (slow on CPU, and on a 150k vocabulary everywhere). Zero-probability
-  tokens (filtered out) are never returned, rounding at a block's end included."""
-  S, V = logp_SxV.shape
+def _inverse_cdf_sample(u_S, weights_SxV):
+  """One uniform per row, inverted through the CDF of the row's (unnormalised, non-negative)
+  weights in two levels: pick a block of ~sqrt(V) tokens from the block masses, then a token
+  inside it. Exact like a flat inverse CDF, but with no V-long cumulative sum (slow on CPU, and on
+  a 150k vocabulary everywhere). Zero-weight tokens (filtered out) are never returned, rounding at
+  a block's end included."""
+  S, V = weights_SxV.shape
   block = max(16, 1 << (max(1, int(V ** 0.5)) - 1).bit_length())
   num_blocks = -(-V // block)
-  p_SxNxB = jnp.pad(jnp.exp(logp_SxV), ((0, 0), (0, num_blocks * block - V))).reshape(S, num_blocks, block)
+  p_SxNxB = jnp.pad(weights_SxV, ((0, 0), (0, num_blocks * block - V))).reshape(S, num_blocks, block)
   mass_SxN = jnp.sum(p_SxNxB, axis=-1)
   cdf_SxN = jnp.cumsum(mass_SxN, axis=-1)
   u_S = u_S * cdf_SxN[:, -1]
@@ -66,9 +67,12 @@ def sample_tokens(logits_SxV: jax.Array, u_S: jax.Array, temperature, top_p, top
   z_SxV = logits_SxV / jnp.where(greedy, 1.0, temperature)
   needs_filter = (~greedy) & ((top_k > 0) | (top_p < 1.0))
   z_SxV = jax.lax.cond(needs_filter, lambda z: filter_logits(z, top_p, top_k), lambda z: z, z_SxV)
-  logp_SxV = jax.nn.log_softmax(z_SxV, axis=-1)
+  # Softmax kept unnormalised (one exp pass over V): the sampler scales u by the total.
+  max_S = jnp.max(z_SxV, axis=-1)
+  weights_SxV = jnp.exp(z_SxV - max_S[:, None])
   tokens_S = jax.lax.cond(greedy, lambda: jnp.argmax(logits_SxV, axis=-1).astype(jnp.int32),
-                          lambda: _inverse_cdf_sample(u_S, logp_SxV).astype(jnp.int32))
-  # Greedy: z is the raw logits and nothing is filtered, so logp is already the plain log-softmax.
-  logp_S = jnp.take_along_axis(logp_SxV, tokens_S[:, None], axis=-1)[:, 0]
+                          lambda: _inverse_cdf_sample(u_S, weights_SxV).astype(jnp.int32))
+  # Greedy: z is the raw logits and nothing is filtered, so this is the plain log-softmax.
+  z_S = jnp.take_along_axis(z_SxV, tokens_S[:, None], axis=-1)[:, 0]
+  logp_S = z_S - max_S - jnp.log(jnp.sum(weights_SxV, axis=-1))
   return tokens_S, logp_S
