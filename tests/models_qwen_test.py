@@ -7,6 +7,7 @@ import torch
 
 from oapl_jax import parallel
 from oapl_jax.models import hf, qwen
+from oapl_jax.models.config import QwenConfig
 from tests.hf_fixtures import make_hf_checkpoint
 
 CASES = [("qwen3", False), ("qwen3", True), ("qwen2", False), ("qwen2", True)]
@@ -112,3 +113,17 @@ def test_params_born_sharded_from_init():
   assert mlp.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
   assert mlp.addressable_shards[0].data.shape == (2, 16, 64)
   assert jax.tree.structure(params) == jax.tree.structure(shardings)
+
+
+def test_rotary_table_lookup_equals_computed_angles():
+  """The decode loop's table lookup gives the angles computed from positions, and the table rows
+  are cos(position * theta^(-2i / head_dim)), computed here in numpy."""
+  config = QwenConfig.tiny()
+  positions = jnp.array([[0, 5, 31], [7, 7, 2]])
+  table = qwen.rotary_table(config, 32)
+  looked_up, computed = qwen.rotary(config, positions, table), qwen.rotary(config, positions)
+  assert looked_up.cos.shape == computed.cos.shape == (2, 3, 1, config.head_dim // 2)
+  np.testing.assert_allclose(looked_up.cos, computed.cos, atol=1e-6)
+  np.testing.assert_allclose(looked_up.sin, computed.sin, atol=1e-6)
+  inv_freq = config.rope_theta ** (-np.arange(config.head_dim // 2) * 2.0 / config.head_dim)
+  np.testing.assert_allclose(table.cos[5], np.cos(5 * inv_freq), rtol=1e-5)

@@ -238,3 +238,33 @@ def test_two_level_sampling_on_a_vocab_that_is_not_a_block_multiple():
   probs = scipy.special.softmax(logits_V[top7].astype(np.float64))
   observed = np.array([(tokens == t).sum() for t in top7])
   assert scipy.stats.chisquare(observed, n * probs).pvalue > 1e-3
+
+
+def test_cache_buckets_are_powers_of_two_and_their_three_quarters():
+  got = [core.cache_bucket(n, 1000) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129, 999)]
+  assert got == [16, 16, 24, 24, 32, 48, 64, 96, 128, 192, 1000]
+  assert core.cache_bucket(200, 136) == 136  # capped at the state's max_len
+
+
+def test_decoding_on_a_growing_cache_equals_decoding_on_the_full_one(sampler):
+  """Same prompts, seeds and steps: a state whose cache starts at 16 positions and is grown
+  twice mid-flight yields the tokens and log-probs of a state holding all 40 from the start."""
+  prefix = sampler.prefill(sampler.params, PROMPTS)
+  keys = sampler.sample_keys(3, range(4), [0] * 4)
+
+  def run(cache_len, plan):
+    state = sampler.init_decode_state(max_len=40, max_new_tokens=24, cache_len=cache_len)
+    state = sampler.insert(prefix, state, range(4), range(4), keys)
+    for grow_to, steps in plan:
+      state = sampler.grow_cache(state, grow_to)
+      state = sampler.decode(sampler.params, state, steps)
+    assert qwen.cache_length(state.cache) == 40 and bool(np.asarray(state.done_S).all())
+    return np.asarray(state.out_tokens_SxN), np.asarray(state.out_logp_SxN)
+
+  # The longest prompt has 11 tokens, so the first step writes position 10; the last, 10 + 23 = 33.
+  grown = run(16, [(16, 5), (24, 8), (40, 11)])
+  full = run(40, [(40, 24)])
+  np.testing.assert_array_equal(grown[0], full[0])
+  np.testing.assert_allclose(grown[1], full[1], atol=1e-5)
+  with pytest.raises(ValueError, match="cache_len"):
+    sampler.init_decode_state(max_len=40, cache_len=41)
