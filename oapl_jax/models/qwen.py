@@ -132,25 +132,22 @@ def _write_cache(layer_cache: KVCache, new_k_BxKxTxD, new_v_BxKxTxD, positions_B
                  layer_cache.v.at[rows_Bx1, :, positions_BxT, :].set(block_v, mode="drop"))
 
 
-# One query position (decode) gets its own 4-d einsums: XLA:CPU runs these batched dots several
-# times faster than the same products with a unit T axis (measured, benchmarks/sampler_bench.py).
+# Both products are batched matmuls over [B, K] with the G query heads and T positions folded
+# into one query axis: no separate decode path, and XLA:CPU runs this 4-d form several times
+# faster than one with a separate unit T axis (and takes bf16 x bf16 -> f32 only query-major).
 def _attention_dot(q_BxTxKxGxD, kt_BxKxDxS):
   """Scores [B, K, G, T, S] in float32."""
-  if q_BxTxKxGxD.shape[1] == 1:
-    f32 = jnp.float32
-    return jnp.einsum("bkgd,bkds->bkgs", q_BxTxKxGxD[:, 0].astype(f32), kt_BxKxDxS.astype(f32))[:, :, :, None]
-  # A plain batched matmul ([B, K] batch, query-major lhs): XLA:CPU's bf16 x bf16 -> f32 dot takes only this form.
-  q_BxKxGxTxD = q_BxTxKxGxD.transpose(0, 2, 3, 1, 4)
-  return jnp.einsum("bkgtd,bkds->bkgts", q_BxKxGxTxD, kt_BxKxDxS, preferred_element_type=jnp.float32)
+  B, T, K, G, D = q_BxTxKxGxD.shape
+  q_BxKxQxD = q_BxTxKxGxD.transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, D)
+  scores_BxKxQxS = jnp.einsum("bkqd,bkds->bkqs", q_BxKxQxD, kt_BxKxDxS, preferred_element_type=jnp.float32)
+  return scores_BxKxQxS.reshape(B, K, G, T, kt_BxKxDxS.shape[-1])
 
 
 def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
   """Attention output [B, T, K, G, D]."""
-  if probs_BxKxGxTxS.shape[3] == 1:
-    f32 = jnp.float32
-    out_BxKxGxD = jnp.einsum("bkgs,bksd->bkgd", probs_BxKxGxTxS[:, :, :, 0].astype(f32), v_BxKxSxD.astype(f32))
-    return out_BxKxGxD[:, None].astype(v_BxKxSxD.dtype)
-  return jnp.einsum("bkgts,bksd->btkgd", probs_BxKxGxTxS, v_BxKxSxD)
+  B, K, G, T, S = probs_BxKxGxTxS.shape
+  out_BxKxQxD = jnp.einsum("bkqs,bksd->bkqd", probs_BxKxGxTxS.reshape(B, K, G * T, S), v_BxKxSxD)
+  return out_BxKxQxD.reshape(B, K, G, T, v_BxKxSxD.shape[-1]).transpose(0, 3, 1, 2, 4)
 
 
 class Attention(nn.Module):
