@@ -17,9 +17,10 @@ def base_config() -> ConfigDict:
       optim=dict(lr=1e-6, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0, schedule="constant",
                  warmup_ratio=0.0, min_ratio=0.0, total_steps=0),
       micro_batches=1))
-  # sampler: its own mesh and dtype; the trainer's log-probs use the same temperature.
+  # sampler: its own mesh and dtype; the trainer's log-probs use the same temperature. grow_cache:
+  # attend over a KV cache that grows with the batch (faster decode, one compile per cache length).
   c.sampler = ConfigDict(dict(num_slots=64, max_prefill_length=1024, max_new_tokens=1024, temperature=1.0,
-                              top_p=1.0, top_k=0, steps_per_sync=16, dtype="float32"))
+                              top_p=1.0, top_k=0, steps_per_sync=16, grow_cache=True, dtype="float32"))
   # loop: Algorithm 1. sync_every = L; a step samples B groups; the sampler adds chunks of P prompts
   # x G samples; step s of a window may use the first min(1 + s // steps_per_rollout, chunks) chunks.
   c.loop = ConfigDict(dict(sync_every=50, num_syncs=10, batch_prompts=128, prompts_per_rollout=128, group_size=8,

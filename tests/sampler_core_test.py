@@ -115,6 +115,7 @@ def test_logp_gap_bf16_sampler(model, record_property):
 
 
 def test_continuous_batching_equals_each_sample_alone(model, sampler):
+  """Four slots, refilled every 3 steps on a growing cache == one slot on a full-length cache."""
   config, params = model
   many = sampler
   groups = rollout.generate_groups(many, many.params, PROMPTS, 3, max_new_tokens=10, seed=7,
@@ -122,7 +123,7 @@ def test_continuous_batching_equals_each_sample_alone(model, sampler):
   alone = _sampler(config, params, num_slots=1)
   for p, prompt in enumerate(PROMPTS):
     ref = rollout.generate_groups(alone, alone.params, [prompt], 3, max_new_tokens=10, seed=7,
-                                  stop_tokens=STOPS, prompt_ids=[p], steps_per_sync=16)
+                                  stop_tokens=STOPS, prompt_ids=[p], steps_per_sync=16, grow_cache=False)
     np.testing.assert_array_equal(groups.lengths[p], ref.lengths[0])
     np.testing.assert_array_equal(groups.response_tokens[p], ref.response_tokens[0])
     np.testing.assert_allclose(groups.sampler_logp[p], ref.sampler_logp[0], atol=1e-5)

@@ -59,7 +59,8 @@ class Run:
 
 def _sampling(cfg) -> dict:
   return dict(max_new_tokens=cfg.sampler.max_new_tokens, temperature=cfg.sampler.temperature,
-              top_p=cfg.sampler.top_p, top_k=cfg.sampler.top_k, steps_per_sync=cfg.sampler.steps_per_sync)
+              top_p=cfg.sampler.top_p, top_k=cfg.sampler.top_k, steps_per_sync=cfg.sampler.steps_per_sync,
+              grow_cache=cfg.sampler.grow_cache)
 
 
 def setup(cfg, workdir: str) -> Run:

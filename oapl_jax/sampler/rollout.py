@@ -7,9 +7,13 @@
 Continuous batching over the sampler's slots: whenever slots finish, they are refilled at once
 with the next pending (prompt, sample) pairs (prompts are prefilled once, in length buckets, and
 shared by their G samples). The device runs `steps_per_sync` decode steps per host visit; the host
-reads only the done flags, plus the rows of slots that just finished. The KV cache grows with the
-batch (`core.cache_bucket`): before each visit the host bounds every slot's position from what it
-has run, so a young batch attends over a short cache instead of the full prompt + response length.
+reads only the done flags, plus the rows of slots that just finished. Without stop tokens no slot
+can finish before its budget runs out, so a visit lasts until the first one does.
+
+With `grow_cache` the KV cache grows with the batch (`core.cache_bucket`): before each visit the
+host bounds every slot's position from what it has run, so a young batch attends over a short
+cache instead of the full prompt + response length. The price is one decode compile per cache
+length (two per doubling); `grow_cache=False` compiles once, at the full length.
 
 Sample g of prompt p draws from the key (seed, prompt_ids[p], g), folded with the step, so results
 do not depend on slot assignment, on the number of slots, or on what else is in the batch.
@@ -21,6 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from oapl_jax.models import qwen
 from oapl_jax.sampler import core
 
 
@@ -95,7 +100,8 @@ def validate(sampler: core.Sampler, prompts, group_size: int, max_new_tokens: in
 def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]], group_size: int, *,
                     max_new_tokens: int, seed: int, temperature: float = 1.0, top_p: float = 1.0,
                     top_k: int = 0, stop_tokens: Sequence[int] = (),
-                    prompt_ids: Optional[Sequence[int]] = None, steps_per_sync: int = 16) -> RolloutGroups:
+                    prompt_ids: Optional[Sequence[int]] = None, steps_per_sync: int = 16,
+                    grow_cache: bool = True) -> RolloutGroups:
   """Sample `group_size` responses per prompt with continuous batching over the sampler's slots.
 
   params: the snapshot to sample with (normally `sampler.params`; other params, in the trainer's
@@ -121,8 +127,9 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
   longest = max(len(p) for p in prompts)
   max_len = core.prefill_bucket(longest, sampler.max_prefill_length) + N
   first_reach = max(core.prefill_bucket(longest, sampler.max_prefill_length), longest - 1 + steps_per_sync)
-  state = sampler.init_decode_state(max_len=max_len, cache_len=core.cache_bucket(first_reach, max_len), max_new_tokens=N,
-                                    temperature=temperature, top_p=top_p, top_k=top_k, stop_tokens=stop_tokens)
+  cache_len = core.cache_bucket(first_reach, max_len) if grow_cache else max_len
+  state = sampler.init_decode_state(max_len=max_len, cache_len=cache_len, max_new_tokens=N, temperature=temperature,
+                                    top_p=top_p, top_k=top_k, stop_tokens=stop_tokens)
   out = RolloutGroups(
       prompt_tokens=np.zeros((P, longest), np.int32), prompt_lengths=np.array([len(p) for p in prompts], np.int32),
       response_tokens=np.zeros((P, G, N), np.int32), response_mask=np.zeros((P, G, N), bool),
@@ -138,6 +145,7 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
   prefixes = {}  # prompt index -> (Prefix, row); dropped once the prompt's last sample is placed
   occupant = [None] * S  # slot -> (p, g)
   last_position = [0] * S  # an upper bound on each occupied slot's position so far
+  budget = [0] * S  # an upper bound on each occupied slot's steps to go
   while pending or any(o is not None for o in occupant):
     free = [s for s in range(S) if occupant[s] is None]
     if free and pending:
@@ -147,12 +155,19 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
       state = _start(sampler, params, state, prompts, prompt_ids, prefixes, batch, free, seed, G, out)
       for s, (p, g) in zip(free, batch):
         occupant[s] = (p, g)
-        last_position[s] = len(prompts[p]) - 1
-    # The chunk writes positions up to last + steps_per_sync - 1 (the first step rewrites the last prompt token).
-    reach = max(last_position[s] for s in range(S) if occupant[s] is not None) + steps_per_sync
-    state = sampler.grow_cache(state, core.cache_bucket(reach, max_len))
-    state = sampler.decode(params, state, steps_per_sync)
-    last_position = [p + steps_per_sync for p in last_position]
+        last_position[s], budget[s] = len(prompts[p]) - 1, N
+    live = [s for s in range(S) if occupant[s] is not None]
+    last = max(last_position[s] for s in live)
+    # A visit of n steps writes positions up to last + n - 1 (the first step rewrites the last prompt token).
+    if grow_cache:
+      state = sampler.grow_cache(state, core.cache_bucket(last + steps_per_sync, max_len))
+    steps = steps_per_sync
+    if not stop_set:
+      steps = max(steps, min(min(budget[s] for s in live), qwen.cache_length(state.cache) - last))
+    state = sampler.decode(params, state, steps)
+    for s in live:
+      last_position[s] += steps
+      budget[s] -= steps
     out.num_decode_calls += 1
     done = np.asarray(state.done_S)  # the one host sync per chunk
     finished = [s for s in range(S) if occupant[s] is not None and done[s]]
