@@ -1,12 +1,14 @@
 """Sampler throughput: our rollout driver vs `transformers` PyTorch `generate`, same tiny checkpoint.
 
     python -m oapl_jax.benchmarks.sampler_bench                 # batch 1, 16, 64; 128 new tokens
-    python -m oapl_jax.benchmarks.sampler_bench --batches 64 --new_tokens 256 --repeats 5
+    python -m oapl_jax.benchmarks.sampler_bench --batches 64 --new_tokens 256 --repeats 11
 
 Both sample at temperature 1 (top-p 1, no top-k), never stop early, and are warmed up first: the
 printed tokens/s exclude compilation (JAX's compile + first run is reported separately). The two
-runs alternate, and each side's median time over --repeats runs gives its tokens/s. Also
-prints the wall time of a snapshot refresh (trainer f32 params -> sampler mesh, f32 and bf16).
+runs alternate, each side's median time over --repeats runs gives its tokens/s, and the ratio is
+the median of the per-pair ratios (a pair runs back to back, so drifts in machine load, which
+move both sides, mostly cancel). Also prints the wall time of a snapshot refresh (trainer f32
+params -> sampler mesh, f32 and bf16).
 A benchmark, not a test.
 """
 import argparse
@@ -63,13 +65,15 @@ def hf_runner(model, prompts, new_tokens):
 
 def time_interleaved(ours, theirs, repeats):
   """Alternate the two (after one warm-up each) so drifts in machine load hit both alike.
-  Returns (our seconds per run, their seconds per run, our compile + first run seconds)."""
+  Returns (our median seconds per run, theirs, the median of their/our time per pair, our
+  compile + first run seconds)."""
   start = time.perf_counter()
   ours(0)
   compile_s = time.perf_counter() - start
   theirs(0)
   times = [(ours(r + 1), theirs(r + 1)) for r in range(repeats)]
-  return statistics.median(t for t, _ in times), statistics.median(t for _, t in times), compile_s
+  return (statistics.median(t for t, _ in times), statistics.median(t for _, t in times),
+          statistics.median(b / a for a, b in times), compile_s)
 
 
 def time_refresh(config, trainer_params, dtype):
@@ -87,7 +91,7 @@ def main(argv=None):
   ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--prompt_length", type=int, default=8)
-  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--repeats", type=int, default=7)
   ap.add_argument("--steps_per_sync", type=int, default=16)
   args = ap.parse_args(argv)
 
@@ -103,11 +107,11 @@ def main(argv=None):
     sampler = core.Sampler(config, num_slots=batch, max_prefill_length=max(16, args.prompt_length),
                            max_new_tokens=args.new_tokens)
     sampler.refresh(params)
-    ours_s, theirs_s, compile_s = time_interleaved(
+    ours_s, theirs_s, speedup, compile_s = time_interleaved(
         ours_runner(sampler, prompts, args.new_tokens, args.steps_per_sync),
         hf_runner(torch_model, prompts, args.new_tokens), args.repeats)
     ours, theirs = batch * args.new_tokens / ours_s, batch * args.new_tokens / theirs_s
-    print(f"{batch:>5} {ours:>11.0f} {theirs:>10.0f} {ours / theirs:>6.1f}x {compile_s:>23.2f}")
+    print(f"{batch:>5} {ours:>11.0f} {theirs:>10.0f} {speedup:>6.1f}x {compile_s:>23.2f}")
   for dtype in ("float32", "bfloat16"):
     ms = 1e3 * time_refresh(config, params, dtype)
     print(f"snapshot refresh (f32 trainer params -> {dtype} sampler): {ms:.2f} ms")
