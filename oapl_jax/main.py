@@ -35,7 +35,7 @@ def main(argv):
   logging.info("devices: %s", jax.devices())
   summary = loop.train(loop.setup(_CONFIG.value, _WORKDIR.value))
   if jax.process_index() == 0:
-    print("\n=== OAPL run finished ===")
+    print(f"\n=== {_CONFIG.value.trainer.loss.upper()} run finished ===")
     for key, value in summary.items():
       if key != "paths":
         print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
