@@ -87,24 +87,26 @@ class Rotary(NamedTuple):
   sin: Array
 
 
-def rotary_table(config: QwenConfig, length: int) -> Rotary:
-  """cos / sin for positions 0..length-1, [length, head_dim / 2]."""
+def _rotary_at(config: QwenConfig, positions_f32) -> Rotary:
+  """cos / sin of positions * theta^(-2i / head_dim), shaped positions.shape + [head_dim / 2]."""
   half = config.head_dim // 2
   inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / (2 * half)))
-  angles_LxF = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq
-  return Rotary(jnp.cos(angles_LxF).astype(config.jnp_dtype), jnp.sin(angles_LxF).astype(config.jnp_dtype))
+  angles = positions_f32[..., None] * inv_freq
+  return Rotary(jnp.cos(angles).astype(config.jnp_dtype), jnp.sin(angles).astype(config.jnp_dtype))
+
+
+def rotary_table(config: QwenConfig, length: int) -> Rotary:
+  """cos / sin for positions 0..length-1, [length, head_dim / 2]."""
+  return _rotary_at(config, jnp.arange(length, dtype=jnp.float32))
 
 
 def rotary(config: QwenConfig, positions_BxT, table: Optional[Rotary] = None) -> Rotary:
-  """The angles at `positions_BxT`: computed, or looked up in a `rotary_table` (a decode loop
-  builds the table once; XLA:CPU would otherwise re-evaluate the trig inside every fused consumer,
-  for each layer, head and q/k)."""
+  """The angles at `positions_BxT`, [B, T, 1, head_dim / 2]: computed, or looked up in a
+  `rotary_table` (a decode loop builds the table once; XLA:CPU would otherwise re-evaluate the
+  trig inside every fused consumer, for each layer, head and q/k)."""
   if table is not None:
     return Rotary(table.cos[positions_BxT][:, :, None], table.sin[positions_BxT][:, :, None])
-  half = config.head_dim // 2
-  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / (2 * half)))
-  angles_BxTx1xF = positions_BxT.astype(jnp.float32)[..., None, None] * inv_freq
-  return Rotary(jnp.cos(angles_BxTx1xF).astype(config.jnp_dtype), jnp.sin(angles_BxTx1xF).astype(config.jnp_dtype))
+  return _rotary_at(config, positions_BxT.astype(jnp.float32)[..., None])
 
 
 def rope(x_BxTxHxD, rot: Rotary):
