@@ -344,9 +344,7 @@ class Sampler:
     slots, rows = np.asarray(slots, np.int32), np.asarray(rows, np.int32)
     if len(slots) > self.num_slots:
       raise ValueError(f"insert: {len(slots)} samples for {self.num_slots} slots")
-    # Padded to a power of two (at most S): log2(S) + 1 compiles per prefix shape, and a refill of a
-    # few slots draws uniforms for those few, not for all S.
-    pad = min(pow2(len(slots)), self.num_slots) - len(slots)
+    pad = self.num_slots - len(slots)  # always S entries: one compile per prefix shape
     max_new = np.broadcast_to(np.asarray(state.out_tokens_SxN.shape[1] if max_new is None else max_new,
                                          np.int32), slots.shape)
     slots = np.concatenate([slots, np.full((pad,), self.num_slots, np.int32)])
