@@ -24,9 +24,10 @@ Array = jax.Array
 
 
 class KVCache(NamedTuple):
-  """One layer's cache. Keys are stored position-minor, [batch, kv_heads, head_dim, max_len], so a
-  decode step's q.k reduces over head_dim with positions vectorized; values are
-  [batch, kv_heads, max_len, head_dim]. A model's cache is a tuple of these, one per layer.
+  """One layer's cache. Keys are stored position-minor, [batch, kv_heads, head_dim, max_len]: the
+  [head_dim, positions] right-hand side of the scores matmul, read without a transpose; values are
+  [batch, kv_heads, max_len, head_dim], the right-hand side of the value mix. A model's cache is a
+  tuple of these, one per layer.
   """
 
   k: Array
@@ -243,7 +244,7 @@ class Qwen(nn.Module):
     if positions_BxT is None:
       positions_BxT = jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1]), tokens_BxT.shape)
     x, _ = self.layers(self.embed_tokens(tokens_BxT), positions_BxT, rotary(self.config, positions_BxT), key_mask_BxS)
-    return self.final_norm(x)
+    return self.finish(x)
 
   def embed_tokens(self, tokens_BxT):
     return _constrain(self.embed(tokens_BxT), ("activation_batch", "activation_length", "activation_embed"))

@@ -153,7 +153,8 @@ def decode_fn(config: QwenConfig, params, state: DecodeState, num_steps) -> Deco
 
 
 def generate_fn(config: QwenConfig, params, state: DecodeState):
-  """One step, plus JetStream's result layout: [S, 3] = (token, valid, length so far)."""
+  """One step, plus JetStream's result layout: [S, 3] = (token, valid, length so far). No rotary
+  table (JetStream calls this once per step, so one would be rebuilt every call)."""
   state, tokens_S, active_S = step_fn(config, params, state)
   return state, jnp.stack([tokens_S, active_S.astype(jnp.int32), state.num_generated_S], axis=1)
 
@@ -344,6 +345,9 @@ class Sampler:
     slots, rows = np.asarray(slots, np.int32), np.asarray(rows, np.int32)
     if len(slots) > self.num_slots:
       raise ValueError(f"insert: {len(slots)} samples for {self.num_slots} slots")
+    if qwen.cache_length(prefix.cache) > qwen.cache_length(state.cache):
+      raise ValueError(f"insert: a prefix of {qwen.cache_length(prefix.cache)} positions does not fit the state's "
+                       f"cache of {qwen.cache_length(state.cache)}: grow_cache first")
     pad = self.num_slots - len(slots)  # always S entries: one compile per prefix shape
     max_new = np.broadcast_to(np.asarray(state.out_tokens_SxN.shape[1] if max_new is None else max_new,
                                          np.int32), slots.shape)

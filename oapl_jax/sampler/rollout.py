@@ -15,7 +15,7 @@ host bounds every slot's position from what it has run, so a young batch attends
 cache instead of the full prompt + response length. The price is one decode compile per cache
 length (two per doubling); `grow_cache=False` compiles once, at the full length.
 
-Sample g of prompt p draws from the key (seed, prompt_ids[p], g), folded with the step, so results
+Sample g of prompt p draws its uniforms from the key (seed, prompt_ids[p], g) (see core), so results
 do not depend on slot assignment, on the number of slots, or on what else is in the batch.
 """
 import collections
@@ -125,8 +125,10 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
     raise ValueError(f"prompt_ids has {len(prompt_ids)} entries for {P} prompts")
 
   longest = max(len(p) for p in prompts)
-  max_len = core.prefill_bucket(longest, sampler.max_prefill_length) + N
-  first_reach = max(core.prefill_bucket(longest, sampler.max_prefill_length), longest - 1 + steps_per_sync)
+  longest_bucket = core.prefill_bucket(longest, sampler.max_prefill_length)
+  max_len = longest_bucket + N
+  # The first cache already holds every prompt bucket (inserts never need a grow) and a first visit.
+  first_reach = max(longest_bucket, longest - 1 + steps_per_sync)
   cache_len = core.cache_bucket(first_reach, max_len) if grow_cache else max_len
   state = sampler.init_decode_state(max_len=max_len, cache_len=cache_len, max_new_tokens=N, temperature=temperature,
                                     top_p=top_p, top_k=top_k, stop_tokens=stop_tokens)
@@ -150,8 +152,6 @@ def generate_groups(engine_or_sampler, params, prompts: Sequence[Sequence[int]],
     free = [s for s in range(S) if occupant[s] is None]
     if free and pending:
       batch = [pending.popleft() for _ in range(min(len(free), len(pending)))]
-      bucket = max(core.prefill_bucket(len(prompts[p]), sampler.max_prefill_length) for p, _ in batch)
-      state = sampler.grow_cache(state, core.cache_bucket(bucket, max_len))
       state = _start(sampler, params, state, prompts, prompt_ids, prefixes, batch, free, seed, G, out)
       for s, (p, g) in zip(free, batch):
         occupant[s] = (p, g)
