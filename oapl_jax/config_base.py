@@ -66,6 +66,20 @@ def chat_task(tokenizer_dir: str, train_path: str, eval_paths: dict, reward: str
                          answer_after=""))  # e.g. "####" for GSM8K: the answer is what follows it
 
 
+def records_task(train_path: str, eval_paths: dict, reward: str = "exact_match", tokenizer: str = "chars",
+                 demonstrations_path: str = "") -> ConfigDict:
+  """Your own task from data files (tasks/records_task.py). Sources are .jsonl, .parquet or tfds:NAME/SPLIT.
+  reward: a name in tasks/rewards.REWARDS, or 'package.module:function' to `score(record, response) -> float`
+  (it gets the prompt's whole record). tokenizer: "chars" (printable ASCII, tiny models) or an HF checkpoint
+  directory (its chat template wraps prompts; system_prompt applies there). demonstrations_path: records with
+  prompt_key and completion_key for the warm start (warmstart.steps > 0). unfinished_reward: what a response cut
+  at the token budget scores with "chars" (it is not shown to the reward)."""
+  return ConfigDict(dict(name="records", train_path=train_path, eval_paths=eval_paths, reward=reward,
+                         tokenizer=tokenizer, demonstrations_path=demonstrations_path, prompt_key="prompt",
+                         answer_key="answer", completion_key="completion", system_prompt="", instruction_suffix="",
+                         max_train=0, unfinished_reward=0.0))
+
+
 def shrink_for_cpu(c: ConfigDict) -> None:
   """The same pipeline at toy size: one window of two trainer steps, float32, a few short rollouts."""
   c.model.update(dtype="float32", remat=False)

@@ -269,17 +269,48 @@ def _check_task(r: _Report) -> None:
     tokenizer_dir = r.text("task.tokenizer_dir")
     if tokenizer_dir is not None and not os.path.isdir(os.path.expanduser(tokenizer_dir)):
       r.fail("task.tokenizer_dir", tokenizer_dir, "not a directory (point it at the model's HF checkpoint)")
-    sources = {"task.train_path": r.text("task.train_path")}
-    sources.update({f"task.eval_paths.{k}": v for k, v in (r.mapping("task.eval_paths") or {}).items()})
-    for field, spec in sources.items():
-      if not isinstance(spec, str):
-        r.fail(field, spec, "must be a path or 'tfds:NAME/SPLIT'")
-      elif not spec.startswith("tfds:") and not os.path.isfile(os.path.expanduser(spec)):
-        r.fail(field, spec, "no such file")
+    _check_sources(r)
     r.choice("task.reward", tuple(rewards.REWARDS))
     r.integer("task.reward_workers", 1)
     r.real("task.reward_timeout_s", 0, low_open=True)
     r.integer("task.max_train", 0)
+  elif name == "records":
+    _check_records_task(r)
+
+
+def _check_sources(r: _Report, extra: Sequence[str] = ()) -> None:
+  sources = {"task.train_path": r.text("task.train_path")}
+  sources.update({f"task.eval_paths.{k}": v for k, v in (r.mapping("task.eval_paths") or {}).items()})
+  sources.update({f"task.{field}": r.value(f"task.{field}") for field in extra})
+  for field, spec in sources.items():
+    if not isinstance(spec, str):
+      r.fail(field, spec, "must be a path or 'tfds:NAME/SPLIT'")
+    elif not spec.startswith("tfds:") and not os.path.isfile(os.path.expanduser(spec)):
+      r.fail(field, spec, "no such file")
+
+
+def _check_records_task(r: _Report) -> None:
+  demos = r.value("task.demonstrations_path")
+  _check_sources(r, ["demonstrations_path"] if demos else [])
+  tokenizer = r.text("task.tokenizer")
+  if tokenizer is not None and tokenizer != "chars" and not os.path.isdir(os.path.expanduser(tokenizer)):
+    r.fail("task.tokenizer", tokenizer, "must be 'chars' or an HF checkpoint directory")
+  reward = r.text("task.reward")
+  if reward is not None and ":" in reward:
+    try:
+      rewards.import_score(reward)
+    except ValueError as e:
+      r.fail("task.reward", reward, str(e))
+  elif reward is not None and reward not in rewards.REWARDS:
+    r.fail("task.reward", reward, f"must be one of {sorted(rewards.REWARDS)} or 'package.module:function'")
+  for key in ("prompt_key", "completion_key"):
+    r.text(f"task.{key}")
+  r.integer("task.max_train", 0)
+  r.real("task.unfinished_reward", -1e9)
+  steps = r.value("warmstart.steps")
+  if isinstance(steps, int) and steps > 0 and not demos:
+    r.fail("warmstart.steps", steps, "a warm start needs task.demonstrations_path (records with "
+           "task.prompt_key and task.completion_key)")
 
 
 def _check_mesh(r: _Report) -> parallel.Placement | None:

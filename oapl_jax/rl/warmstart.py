@@ -4,6 +4,7 @@ Reuses the trainer's jitted step with the 'sft' loss (objectives.LOSSES), so the
 train step in the codebase; demonstrations are packed as groups of size 1.
 """
 import dataclasses
+import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -54,11 +55,19 @@ def warm_start(examples: Sequence[Demonstration], params, model: CausalLM, layou
   step_fn = trainer.make_train_step(train_config, model, layout)
   data = pack_demonstrations(examples, seq_len)
   rng = np.random.default_rng(seed)
-  start, pending = time.perf_counter(), None
+  start, pending, steady = time.perf_counter(), None, None
+  report_every = max(1, config.steps // 10)  # a console line per tenth, with an ETA from steady-state steps
   for step in range(config.steps):
     rows = rng.choice(len(examples), size=config.batch_size, replace=False)
     state, metrics = step_fn(state, {k: v[rows] for k, v in data.items()}, jax.random.PRNGKey(step))
     if pending is not None and (step % 50 == 0 or step == config.steps - 1):
       log(step, {"warmstart/nll": float(pending["nll"]), "warmstart/seconds": time.perf_counter() - start})
+    if step == 1:  # step 0 compiled; time from here
+      jax.block_until_ready(metrics)
+      steady = (step, time.perf_counter())
+    elif steady and (step % report_every == 0 or step == config.steps - 1):
+      per_step = (time.perf_counter() - steady[1]) / (step - steady[0])
+      logging.info("warm start: step %d/%d, nll %.4f, %.2f s/step, ETA %.0f s", step + 1, config.steps,
+                   float(metrics["nll"]), per_step, per_step * (config.steps - step - 1))
     pending = metrics
   return state.params

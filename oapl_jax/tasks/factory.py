@@ -3,22 +3,8 @@ import importlib
 import os
 from typing import Any, Callable, Mapping
 
-from oapl_jax.tasks import arithmetic, base, code_task, rewards, sources
+from oapl_jax.tasks import arithmetic, base, code_task, records_task, rewards, sources
 from oapl_jax.tasks.templates import ChatTokenizer
-
-
-def load_records(spec: str, field: str, problem_key: str, answer_key: str) -> list[dict]:
-  """`spec`: a .jsonl / .parquet path, or 'tfds:NAME/SPLIT'. `field` names the config field in errors."""
-  if spec.startswith("tfds:"):
-    name, _, split = spec[len("tfds:"):].partition("/")
-    return sources.load_tfds(name, split or "train", problem_key, answer_key)
-  if not os.path.exists(spec):
-    raise FileNotFoundError(f"config field task.{field}: {spec} does not exist")
-  if spec.endswith(".jsonl") or spec.endswith(".json"):
-    return sources.load_jsonl(spec, problem_key, answer_key)
-  if spec.endswith(".parquet"):
-    return sources.load_parquet(spec, problem_key, answer_key)
-  raise ValueError(f"config field task.{field}: {spec} is neither .jsonl, .parquet nor tfds:NAME/SPLIT")
 
 
 def chat_task(cfg: Mapping[str, Any]) -> base.Task:
@@ -32,7 +18,7 @@ def chat_task(cfg: Mapping[str, Any]) -> base.Task:
   template = dict(system=cfg["system_prompt"] or None, instruction_suffix=cfg["instruction_suffix"])
 
   def problems(spec, field, limit=0):
-    records = load_records(os.path.expanduser(spec), field, *keys)[:limit or None]
+    records = sources.load_source(spec, field, *keys)[:limit or None]
     if cfg["answer_after"]:  # e.g. GSM8K: "reasoning ... #### 42" -> "42"
       records = [dict(r, answer=r["answer"].split(cfg["answer_after"])[-1].strip()) for r in records]
     return tokenizer.problems(records, **template)
@@ -47,7 +33,8 @@ def chat_task(cfg: Mapping[str, Any]) -> base.Task:
 
 # task.name -> builder of a Task from the `task` config section.
 TASKS: dict[str, Callable[[Mapping[str, Any]], base.Task]] = {"arithmetic": arithmetic.from_config, "chat": chat_task,
-                                                              "code_synthetic": code_task.from_config}
+                                                              "code_synthetic": code_task.from_config,
+                                                              "records": records_task.from_config}
 
 
 def build_task(cfg: Mapping[str, Any]) -> base.Task:

@@ -2,7 +2,8 @@
 
 None of them may crash the caller: `Guarded` turns any exception into reward 0 with a failure
 count, `ItemReward` does the same per item, and `MathReward` runs math_verify in worker
-processes with a per-item timeout. `make_reward(name)` builds a guarded one from `REWARDS`.
+processes with a per-item timeout. `make_reward(name)` builds a guarded one from `REWARDS`, or from
+an import path 'package.module:function' to a user's `score(record, response) -> float` (`RecordReward`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import collections
 import concurrent.futures as cf
 from concurrent.futures.process import BrokenProcessPool
 import functools
+import importlib
+import json
 import logging
 import multiprocessing
 import time
@@ -217,14 +220,81 @@ class MathReward:
     return RewardResult(rewards, num_failed=failed, num_timeout=timeouts)
 
 
+class RecordReward:
+  """A user's `score(record: dict, response: str) -> float` behind the batch signature: the task puts
+  each problem's source record, as JSON, in its answer (tasks/records_task.py)."""
+
+  def __init__(self, score_fn: Callable[[dict, str], float]):
+    self.score_fn = score_fn
+    self._items = ItemReward(self._score)
+
+  def _score(self, completion: str, answer: str) -> float:
+    return self.score_fn(json.loads(answer), completion)
+
+  def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
+    return self._items(completions, answers)
+
+  def __repr__(self) -> str:
+    return f"RecordReward({getattr(self.score_fn, '__module__', '?')}:{getattr(self.score_fn, '__name__', '?')})"
+
+
+class FinishedOnly:
+  """Scores only responses that ended, without their end marker: for a tokenizer that renders eos as
+  `eos_text`. A response cut at the token budget (no eos) gets `unfinished_reward` and is not scored."""
+
+  def __init__(self, fn: Callable[[list[str], list[str]], RewardResult | np.ndarray], eos_text: str,
+               unfinished_reward: float = 0.0):
+    self.fn, self.eos_text, self.unfinished_reward = fn, eos_text, unfinished_reward
+
+  def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
+    finished = [i for i, c in enumerate(completions) if self.eos_text in c]
+    rewards = np.full(len(completions), self.unfinished_reward, np.float32)
+    if not finished:
+      return RewardResult(rewards)
+    out = self.fn([completions[i].partition(self.eos_text)[0] for i in finished], [answers[i] for i in finished])
+    result = out if isinstance(out, RewardResult) else RewardResult(np.asarray(out))
+    rewards[finished] = result.rewards
+    return RewardResult(rewards, num_failed=result.num_failed, num_timeout=result.num_timeout)
+
+  def close(self) -> None:
+    close = getattr(self.fn, "close", None)
+    if close is not None:
+      close()
+
+
+def import_score(path: str) -> Callable[[dict, str], float]:
+  """'package.module:function' -> the function, or a ValueError saying which part is missing."""
+  module_name, _, attr = path.partition(":")
+  if not module_name or not attr:
+    raise ValueError(f"reward {path!r}: expected a name in {sorted(REWARDS)} or 'package.module:function'")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(f"reward {path!r}: cannot import {module_name!r} ({e}); is it installed or on PYTHONPATH?") from e
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ValueError(f"reward {path!r}: {module_name} has no function {attr!r}")
+  return fn
+
+
 REWARDS: dict[str, Callable[..., Callable]] = {
     "exact_match": lambda: ItemReward(exact_match_score),
     "math_verify": MathReward,
 }
 
 
-def make_reward(name: str, **kwargs) -> Guarded:
-  """A guarded reward by name; kwargs go to its constructor (e.g. MathReward's)."""
+def reward_by_name(name: str, **kwargs) -> Callable:
+  """The (unguarded) reward named in REWARDS, kwargs to its constructor (e.g. MathReward's), or a
+  RecordReward around the `score(record, response)` at import path 'package.module:function'."""
+  if ":" in name:
+    if kwargs:
+      raise ValueError(f"reward {name!r}: a record reward takes no settings, got {sorted(kwargs)}")
+    return RecordReward(import_score(name))
   if name not in REWARDS:
-    raise ValueError(f"unknown reward {name!r}; known: {sorted(REWARDS)}")
-  return Guarded(REWARDS[name](**kwargs))
+    raise ValueError(f"unknown reward {name!r}; known: {sorted(REWARDS)} or 'package.module:function'")
+  return REWARDS[name](**kwargs)
+
+
+def make_reward(name: str, **kwargs) -> Guarded:
+  """`reward_by_name`, guarded: it never raises on the reward's behalf."""
+  return Guarded(reward_by_name(name, **kwargs))

@@ -1,6 +1,8 @@
 """Prompt sources with a problem/answer schema (DeepScaleR, AIME 25, HMMT 25, BRUMO 25).
 
-Each loader returns [{"problem": str, "answer": str}, ...] in file order, or, with
+Each loader returns [{"problem": str, "answer": str}, ...] in file order (with `keep_fields=True`, also
+"record": the source record whole, as plain Python values, for rewards that read it; `answer_key=""` when
+there is no answer field), or, with
 `with_locations=True`, (records, locations) where locations[i] names where record i came from
 ("train.jsonl line 7", "aime25.parquet row 3"). Numbers are turned into strings (an integral
 float such as 204.0 into "204"). Every problem with a source is a `DataError` naming the file and
@@ -43,9 +45,24 @@ def _text(value: Any, key: str, field: str, where: str) -> str:
   return value
 
 
-def _record(raw: Mapping[str, Any], problem_key: str, answer_key: str, where: str) -> dict[str, str]:
-  return {field: _text(raw.get(key), key, field, where)
-          for field, key in (("problem", problem_key), ("answer", answer_key))}
+def _plain(value: Any) -> Any:
+  """A JSON-ready value: numpy arrays and scalars (TFDS) become lists and numbers, bytes UTF-8 text."""
+  if isinstance(value, bytes):
+    return value.decode("utf-8", errors="replace")
+  if hasattr(value, "tolist"):
+    return _plain(value.tolist())
+  if isinstance(value, Mapping):
+    return {str(k): _plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  return value
+
+
+def _record(raw: Mapping[str, Any], problem_key: str, answer_key: str, where: str,
+            keep_fields: bool = False) -> dict[str, Any]:
+  texts = {"problem": _text(raw.get(problem_key), problem_key, "problem", where),
+           "answer": _text(raw.get(answer_key), answer_key, "answer", where) if answer_key else ""}
+  return dict(texts, record=_plain(raw)) if keep_fields else texts
 
 
 def _check_exists(path: str) -> None:
@@ -62,7 +79,7 @@ def _done(path: str, records: list, locations: list, with_locations: bool):
 
 
 def load_jsonl(path: str | os.PathLike, problem_key: str = "problem", answer_key: str = "answer", *,
-               with_locations: bool = False):
+               with_locations: bool = False, keep_fields: bool = False):
   """One JSON object per line; blank lines are skipped; a UTF-8 byte-order mark is allowed."""
   path = os.fspath(path)
   _check_exists(path)
@@ -85,13 +102,13 @@ def load_jsonl(path: str | os.PathLike, problem_key: str = "problem", answer_key
         raise DataError(f"{where}: unreadable JSON ({type(e).__name__}: {str(e)[:_SHOWN]})") from None
       if not isinstance(raw, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-      records.append(_record(raw, problem_key, answer_key, where))
+      records.append(_record(raw, problem_key, answer_key, where, keep_fields))
       locations.append(where)
   return _done(path, records, locations, with_locations)
 
 
 def load_parquet(path: str | os.PathLike, problem_key: str = "problem", answer_key: str = "answer", *,
-                 with_locations: bool = False):
+                 with_locations: bool = False, keep_fields: bool = False):
   import pyarrow as pa  # pylint: disable=import-outside-toplevel
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
   path = os.fspath(path)
@@ -102,22 +119,21 @@ def load_parquet(path: str | os.PathLike, problem_key: str = "problem", answer_k
     columns = parquet.schema_arrow.names
   except unreadable as e:
     raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: {str(e)[:200]})") from None
-  for key in (problem_key, answer_key):
+  for key in filter(None, (problem_key, answer_key)):
     if key not in columns:
       raise DataError(f"{path}: missing key {key!r} (columns: {columns})")
   try:
-    table = parquet.read(columns=sorted({problem_key, answer_key}))
+    table = parquet.read(columns=None if keep_fields else sorted(filter(None, {problem_key, answer_key})))
   except unreadable as e:
     raise DataError(f"{path}: Parquet data unreadable ({type(e).__name__}: {str(e)[:200]})") from None
-  rows = zip(table.column(problem_key).to_pylist(), table.column(answer_key).to_pylist())
   locations = [f"{path} row {i}" for i in range(table.num_rows)]
-  records = [_record({problem_key: p, answer_key: a}, problem_key, answer_key, where)
-             for where, (p, a) in zip(locations, rows)]
+  records = [_record(row, problem_key, answer_key, where, keep_fields)
+             for where, row in zip(locations, table.to_pylist())]
   return _done(path, records, locations, with_locations)
 
 
 def load_tfds(name: str, split: str, problem_key: str = "problem", answer_key: str = "answer",
-              data_dir: str | None = None, *, with_locations: bool = False):
+              data_dir: str | None = None, *, with_locations: bool = False, keep_fields: bool = False):
   """Reads a TFDS dataset already prepared under data_dir; never downloads."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   try:
@@ -125,7 +141,7 @@ def load_tfds(name: str, split: str, problem_key: str = "problem", answer_key: s
   except tfds.core.registered.DatasetNotFoundError as e:
     raise FileNotFoundError(f"tfds dataset {name!r} not found (data_dir={data_dir})") from e
   features = builder.info.features
-  for key in (problem_key, answer_key):
+  for key in filter(None, (problem_key, answer_key)):
     if key not in features:
       raise DataError(f"tfds {name}: missing key {key!r} (features: {list(features)})")
   if split not in builder.info.splits:
@@ -135,5 +151,21 @@ def load_tfds(name: str, split: str, problem_key: str = "problem", answer_key: s
   records, locations = [], []
   for i, ex in enumerate(examples):
     locations.append(f"tfds {name}[{split}] example {i}")
-    records.append(_record(ex, problem_key, answer_key, locations[-1]))
+    records.append(_record(ex, problem_key, answer_key, locations[-1], keep_fields))
   return _done(f"tfds {name}[{split}]", records, locations, with_locations)
+
+
+def load_source(spec: str, field: str, problem_key: str = "problem", answer_key: str = "answer", *,
+                keep_fields: bool = False) -> list[dict]:
+  """`spec`: a .jsonl / .parquet path, or 'tfds:NAME/SPLIT'; `field` names the config field in errors."""
+  if spec.startswith("tfds:"):
+    name, _, split = spec[len("tfds:"):].partition("/")
+    return load_tfds(name, split or "train", problem_key, answer_key, keep_fields=keep_fields)
+  spec = os.path.expanduser(spec)
+  if not os.path.exists(spec):
+    raise FileNotFoundError(f"config field task.{field}: {spec} does not exist")
+  if spec.endswith(".jsonl") or spec.endswith(".json"):
+    return load_jsonl(spec, problem_key, answer_key, keep_fields=keep_fields)
+  if spec.endswith(".parquet"):
+    return load_parquet(spec, problem_key, answer_key, keep_fields=keep_fields)
+  raise ValueError(f"config field task.{field}: {spec} is neither .jsonl, .parquet nor tfds:NAME/SPLIT")

@@ -1,0 +1,88 @@
+"""Your own task from a config and data files alone (config_base.records_task documents each field).
+
+- Prompts: `train_path` and the named `eval_paths`, each a JSONL or Parquet file or 'tfds:NAME/SPLIT'.
+- Reward: a name in rewards.REWARDS (gold answer from `answer_key`), or an import path
+  'package.module:function' to `score(record: dict, response: str) -> float`, which gets the prompt's whole
+  source record.
+- Warm start: `demonstrations_path` holds records with `prompt_key` and `completion_key`.
+- Tokenizer: "chars" (printable ASCII, one id per character, for tiny models trained from scratch) or an
+  HF checkpoint directory, whose chat template wraps each prompt.
+
+With "chars" the response reaches the reward without its end marker; a response cut at the token
+budget (no eos) scores `unfinished_reward` and is never shown to the reward.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from oapl_jax.tasks import base, char_tokenizer, rewards, sources
+from oapl_jax.tasks.templates import ChatTokenizer
+
+CHARS_TOKENIZER = "chars"
+
+
+class PrintableTokenizer(char_tokenizer.CharTokenizer):
+  """<pad>=0, <bos>=1, <eos>=2, then newline, tab and printable ASCII (space to '~'); 128 ids."""
+  chars = "\n\t" + "".join(chr(c) for c in range(32, 127))
+  vocab_size, name = 128, "printable ASCII"
+
+
+def _tokenizer(cfg: Mapping[str, Any]):
+  if cfg["tokenizer"] == CHARS_TOKENIZER:
+    return PrintableTokenizer()
+  path = os.path.expanduser(cfg["tokenizer"])
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"config field task.tokenizer: {cfg['tokenizer']!r} is neither {CHARS_TOKENIZER!r} "
+                            f"nor an HF checkpoint directory")
+  return ChatTokenizer(path)
+
+
+def _encode(tokenizer, text: str, where: str) -> list[int]:
+  try:
+    return tokenizer.encode(text)
+  except ValueError as e:  # a character outside the vocabulary
+    raise sources.DataError(f"{where}: {e}") from None
+
+
+def _prompt_tokens(tokenizer, prompt: str, cfg: Mapping[str, Any], where: str) -> tuple[int, ...]:
+  if isinstance(tokenizer, ChatTokenizer):  # the template renders its own special tokens
+    return tokenizer.prompt_tokens(prompt, cfg["system_prompt"] or None, cfg["instruction_suffix"])
+  return (tokenizer.bos_id, *_encode(tokenizer, prompt + cfg["instruction_suffix"], where))
+
+
+def from_config(cfg: Mapping[str, Any]) -> base.Task:
+  """The `task` config section (config_base.records_task) -> Task."""
+  tokenizer = _tokenizer(cfg)
+  record_reward = ":" in cfg["reward"]
+  answer_key = "" if record_reward else cfg["answer_key"]  # a record reward finds its answer in the record
+
+  def problems(spec: str, field: str, limit: int = 0) -> list[base.Problem]:
+    records = sources.load_source(spec, field, cfg["prompt_key"], answer_key, keep_fields=record_reward)
+    out = []
+    for i, r in enumerate(records[:limit or None]):
+      # A record reward reads the whole record, so it travels as the problem's answer (JSON).
+      answer = json.dumps(r["record"]) if record_reward else r["answer"]
+      out.append(base.Problem(prompt=r["problem"], answer=answer,
+                              prompt_tokens=_prompt_tokens(tokenizer, r["problem"], cfg, f"{spec} record {i}")))
+    return out
+
+  train = problems(cfg["train_path"], "train_path", cfg["max_train"])
+  eval_sets = {name: problems(spec, f"eval_paths.{name}") for name, spec in dict(cfg["eval_paths"]).items()}
+  reward = rewards.reward_by_name(cfg["reward"])
+  if isinstance(tokenizer, PrintableTokenizer):
+    reward = rewards.FinishedOnly(reward, char_tokenizer.EOS, cfg["unfinished_reward"])
+
+  demonstrations = None
+  if cfg["demonstrations_path"]:
+    spec = cfg["demonstrations_path"]
+    demos = []
+    for i, r in enumerate(sources.load_source(spec, "demonstrations_path", cfg["prompt_key"], cfg["completion_key"])):
+      where = f"{spec} record {i}"
+      completion = (*_encode(tokenizer, r["answer"], where), tokenizer.eos_id)
+      demos.append(base.Demonstration(_prompt_tokens(tokenizer, r["problem"], cfg, where), completion))
+    demonstrations = lambda seed: demos  # noqa: E731  (the warm start shuffles by its own seed)
+
+  return base.Task(name=os.path.basename(cfg["train_path"]) or "records", tokenizer=tokenizer, train=train,
+                   eval_sets=eval_sets, reward_fn=rewards.Guarded(reward), demonstrations=demonstrations)
