@@ -276,6 +276,13 @@ def _check_task(r: _Report) -> None:
     r.integer("task.max_train", 0)
   elif name == "records":
     _check_records_task(r)
+  elif name == "code_synthetic":
+    r.integer("task.num_digits", 1, 3)
+    for key in ("num_train", "num_held_out", "teacher_copies", "reward_workers"):
+      r.integer(f"task.{key}", 1)
+    r.real("task.held_out_fraction", 0, 1, low_open=True, high_open=True)
+    r.real("task.teacher_slip_rate", 0, 1)
+    r.real("task.reward_timeout_s", 0, low_open=True)
 
 
 def _check_sources(r: _Report, extra: Sequence[str] = ()) -> None:

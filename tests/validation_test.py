@@ -302,3 +302,18 @@ def test_validate_task_names_the_chat_files(tmp_path):
   task = task.__class__(**{**task.__dict__, "eval_sets": {"aime25": []}})
   with pytest.raises(DataError, match=f"^task.eval_paths.aime25 {tmp_path}/aime.jsonl holds no records$"):
     validation.validate_task(cfg, task)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("num_digits", 4, "task.num_digits=4: must be in [1, 3]"),
+    ("held_out_fraction", 1.0, "task.held_out_fraction=1.0: must be in (0, 1)"),
+    ("teacher_copies", 0, "task.teacher_copies=0: must be >= 1"),
+    ("reward_timeout_s", 0.0, "task.reward_timeout_s=0.0: must be > 0")])
+def test_code_synthetic_task_fields_are_checked(field, value, message):
+  import importlib  # pylint: disable=import-outside-toplevel
+  cfg = importlib.import_module("configs.code").get_config("smoke")
+  assert validation.validate_config(cfg) == []
+  cfg.task[field] = value
+  with pytest.raises(ConfigError) as info:
+    validation.validate_config(cfg)
+  assert [p for p in info.value.problems if p.startswith(message)], info.value.problems
