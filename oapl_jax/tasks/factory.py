@@ -3,7 +3,7 @@ import importlib
 import os
 from typing import Any, Callable, Mapping
 
-from oapl_jax.tasks import arithmetic, base, code_task, records_task, rewards, sources
+from oapl_jax.tasks import arithmetic, base, chain_task, code_task, records_task, rewards, sources
 from oapl_jax.tasks.templates import ChatTokenizer
 
 
@@ -34,7 +34,8 @@ def chat_task(cfg: Mapping[str, Any]) -> base.Task:
 # task.name -> builder of a Task from the `task` config section.
 TASKS: dict[str, Callable[[Mapping[str, Any]], base.Task]] = {"arithmetic": arithmetic.from_config, "chat": chat_task,
                                                               "code_synthetic": code_task.from_config,
-                                                              "records": records_task.from_config}
+                                                              "records": records_task.from_config,
+                                                              "chain": chain_task.from_config}
 
 
 def build_task(cfg: Mapping[str, Any]) -> base.Task:
