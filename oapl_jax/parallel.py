@@ -9,6 +9,7 @@ override them.
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -167,6 +168,78 @@ def reshard(tree, shardings, donate: bool = False):
   return jax.device_put(tree, shardings, donate=donate, may_alias=None if donate else False)
 
 
+def transfer(tree, shardings):
+  """`reshard` onto another set of devices, also where both meshes span several processes (which
+  jax.device_put refuses: it moves data between processes only between equal device sets).
+
+  Then, per process, pair every target device with `k` of this process's source devices (k = source
+  devices / target devices on each process), reshard on the source devices into the target's layout
+  laid over those pairs (one program, replicated k times), and copy each shard of the first replica
+  to its target device: device to device, within the process, never through the host.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  targets = treedef.flatten_up_to(shardings)
+  if all(x.is_fully_addressable and s.is_fully_addressable or x.sharding.device_set == s.device_set
+         for x, s in zip(leaves, targets)):
+    return reshard(tree, shardings)
+  source_devices = leaves[0].sharding._device_assignment  # pylint: disable=protected-access
+  images, pairs = zip(*(_image_sharding(s, source_devices) for s in targets))
+  staged = _staging_program(tuple(images))(leaves)
+  out = []
+  for x, s, pair in zip(staged, targets, pairs):
+    by_device = {shard.device: shard.data for shard in x.addressable_shards}
+    local = [jax.device_put(by_device[pair[d]], d) for d in s.addressable_devices_indices_map(x.shape)]
+    out.append(jax.make_array_from_single_device_arrays(x.shape, s, local))
+  return treedef.unflatten(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _staging_program(images: tuple):
+  return jax.jit(lambda leaves: leaves, out_shardings=list(images))
+
+
+def _image_sharding(target: NamedSharding, source_devices) -> tuple[NamedSharding, dict]:
+  """`target`'s layout on the source devices (k per target device, same process), and the map
+  target device -> the source device whose shard it copies."""
+  by_process: dict[int, list] = {}
+  for d in source_devices:
+    by_process.setdefault(d.process_index, []).append(d)
+  flat = list(target.mesh.devices.flat)
+  counts = {p: sum(d.process_index == p for d in flat) for p in by_process}
+  ks = {len(by_process[p]) // c if c and len(by_process[p]) % c == 0 else 0 for p, c in counts.items()}
+  if len(ks) != 1 or 0 in ks or set(counts) != {d.process_index for d in flat}:
+    raise ValueError(f"cannot move arrays between these device sets: every process must hold k source "
+                     f"devices per target device (source {[(p, len(v)) for p, v in by_process.items()]}, "
+                     f"target {sorted(counts.items())})")
+  k = ks.pop()
+  seen: dict[int, int] = {}
+  image = np.empty((k, len(flat)), dtype=object)
+  for i, d in enumerate(flat):
+    rank = seen[d.process_index] = seen.get(d.process_index, -1) + 1
+    for j in range(k):
+      image[j, i] = by_process[d.process_index][j * counts[d.process_index] + rank]
+  mesh = Mesh(image.reshape((k,) + target.mesh.devices.shape), ("_copies",) + tuple(target.mesh.axis_names))
+  return NamedSharding(mesh, target.spec), {d: image[0, i] for i, d in enumerate(flat)}
+
+
+def process_rows(sharding: jax.sharding.Sharding, num_rows: int) -> slice:
+  """The rows of a [num_rows, ...] array that this process's devices hold under `sharding` (one
+  contiguous range: meshes list a process's devices together); all rows where it is replicated."""
+  spans = {(s.start or 0, num_rows if s.stop is None else s.stop)
+           for s in (index[0] for index in sharding.addressable_devices_indices_map((num_rows,)).values())}
+  start, stop = min(a for a, _ in spans), max(b for _, b in spans)
+  if sum(b - a for a, b in spans) != stop - start and len(spans) > 1:
+    raise ValueError(f"this process's rows under {sharding} are not one range: {sorted(spans)}")
+  return slice(start, stop)
+
+
+def from_process_rows(local_rows, sharding: jax.sharding.Sharding, num_rows: int):
+  """A pytree of this process's rows (`process_rows`) -> global arrays of num_rows rows under
+  `sharding`; every process passes only its own rows, and nothing assembles the whole batch."""
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x, (num_rows, *x.shape[1:])),
+                      local_rows)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
@@ -217,30 +290,57 @@ class Placement:
 
 
 def _host_order(devices) -> list:
-  """Devices grouped by slice, then process, then id: splitting this list hands whole hosts (and
-  whole slices) to one side."""
+  """Devices grouped by slice, then process, then id."""
   key = lambda d: (getattr(d, "slice_index", 0) or 0, d.process_index, d.id)  # noqa: E731
   return sorted(devices, key=key)
+
+
+def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, list]:
+  """(trainer devices, sampler devices) in host order; sampler_devices = 0: both sides get all.
+
+  One process: the sampler gets the last n devices. Several processes: every process gives the
+  sampler the last n / process_count of its own devices (the rest train), so each mesh spans every
+  process. Why not whole hosts per side: in multi-controller JAX every process runs the programs of
+  the devices it owns, and a transfer between device sets held by different processes needs the
+  experimental DCN transport (jax_cross_host_transfer_socket_address) plus a loop split into two
+  roles that hand each other placeholder arrays. With both meshes on every process, each process runs
+  the same loop (trainer steps and the rollout thread), the refresh is a reshard on the trainer's
+  devices plus one local device-to-device copy per shard (`transfer`), and the rollouts reach
+  every host as token ids (small), from which each host feeds only its own shard of the batch.
+  """
+  devices = _host_order(devices)
+  n = int(sampler_devices)
+  if n < 0 or n >= len(devices) and n:
+    raise ValueError(f"config field mesh.sampler_devices={n}: need 0 (share) or 1..{len(devices) - 1}")
+  if not n:
+    return devices, devices
+  by_process: dict[int, list] = {}
+  for d in devices:
+    by_process.setdefault(d.process_index, []).append(d)
+  if len(by_process) == 1:
+    return devices[:len(devices) - n], devices[len(devices) - n:]
+  local = {len(ds) for ds in by_process.values()}
+  per = n // len(by_process)
+  if len(local) != 1 or n % len(by_process) or per >= min(local):
+    raise ValueError(f"config field mesh.sampler_devices={n}: with {len(by_process)} processes of "
+                     f"{sorted(local)} devices each, the sampler takes the same number of devices on every "
+                     f"process and leaves some to the trainer (a multiple of {len(by_process)}, below "
+                     f"{len(by_process) * min(local)})")
+  split = min(local) - per
+  return ([d for ds in by_process.values() for d in ds[:split]],
+          [d for ds in by_process.values() for d in ds[split:]])
 
 
 def placement_from_config(cfg: Mapping[str, Any], devices: Optional[Sequence[Any]] = None) -> Placement:
   """The `mesh` config section -> Placement.
 
   cfg: trainer_ici / sampler_ici (and trainer_dcn / sampler_dcn) sizes in MESH_AXES order (-1 fills),
-  sampler_devices (0: the sampler shares the trainer's devices; n > 0: the last n devices in host
-  order are the sampler's, the rest the trainer's), rules (overrides of DEFAULT_RULES).
-  With several processes the split must fall between hosts, so each process feeds one side.
+  sampler_devices (0: the sampler shares the trainer's devices; n > 0: see `split_devices`), rules
+  (overrides of DEFAULT_RULES).
   """
   rules = rules_from_config(cfg.get("rules"))
-  devices = _host_order(devices if devices is not None else jax.devices())
-  n = int(cfg.get("sampler_devices", 0))
-  if n < 0 or n >= len(devices) and n:
-    raise ValueError(f"config field mesh.sampler_devices={n}: need 0 (share) or 1..{len(devices) - 1}")
-  per_process = len(devices) // len({d.process_index for d in devices})
-  if n and per_process != len(devices) and n % per_process:
-    raise ValueError(f"config field mesh.sampler_devices={n}: with {per_process} devices per process the "
-                     f"sampler must get whole hosts (a multiple of {per_process})")
-  trainer_devices, sampler_devices = (devices[:len(devices) - n], devices[len(devices) - n:]) if n else (devices,) * 2
+  trainer_devices, sampler_devices = split_devices(devices if devices is not None else jax.devices(),
+                                                   int(cfg.get("sampler_devices", 0)))
 
   def layout(side, side_devices):
     mesh = make_mesh(tuple(cfg[f"{side}_ici"]), tuple(cfg.get(f"{side}_dcn", (1, 1, 1))), devices=side_devices)

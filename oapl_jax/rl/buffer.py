@@ -125,9 +125,11 @@ class RolloutBuffer:
       self._chunks[index][key] = np.asarray(values)
 
   def sample(self, batch_groups: int, chunks_visible: int, rng: np.random.Generator,
-             timeout: Optional[float] = None) -> Optional[dict[str, np.ndarray]]:
+             timeout: Optional[float] = None, rows: slice = slice(None)) -> Optional[dict[str, np.ndarray]]:
     """B groups from the first `chunks_visible` chunks, least-used first; waits for the chunks.
 
+    The draw is over all B (the same on every process); the arrays hold only batch rows `rows`
+    (a process's share, `parallel.process_rows`), 'reuse' and 'version' all B.
     Returns None if the buffer was closed (or `timeout` passed) before the chunks arrived.
     """
     with self._cond:
@@ -145,6 +147,8 @@ class RolloutBuffer:
       picks = [(owner[i], i - offset[owner[i]]) for i in np.sort(order)]
       for c, j in picks:
         uses[c][j] += 1
-      batch = {k: np.stack([chunks[c][k][j] for c, j in picks]) for k in chunks[0]}
+      mine = picks[rows]
+      batch = {k: np.stack([chunks[c][k][j] for c, j in mine]) for k in chunks[0] if k != "version"}
+      batch["version"] = np.array([chunks[c]["version"][j] for c, j in picks], np.int64)
       batch["reuse"] = np.array([uses[c][j] for c, j in picks], np.int64)
       return batch

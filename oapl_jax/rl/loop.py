@@ -49,6 +49,8 @@ class Run:
   reporter: reporting.Reporter
   meta: checkpoints.Meta
   monitor: HealthMonitor
+  batch_sharding: Any  # how a trainer batch's prompt axis lies over the trainer's devices
+  batch_rows: slice  # the batch rows this process feeds (parallel.process_rows)
   score_old_policy: Any = None  # (params, chunk) -> per-token log-probs, for losses that read pi_old
 
 
@@ -107,9 +109,11 @@ def setup(cfg, workdir: str, allow_config_changes: bool = False) -> Run:
                          max_prefill_length=cfg.sampler.max_prefill_length,
                          max_new_tokens=max(rollout_settings.max_new_tokens, eval_settings.max_new_tokens))
   sampler.snapshot_version = meta.snapshot_version
+  batch_sharding = trainer.batch_sharding(placement.trainer, cfg.loop.batch_prompts)
   return Run(cfg, task, schedule, rollout_settings, eval_settings, model, state,
              trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts), sampler, RolloutBuffer(seq_len),
              checkpointer, reporter, meta, HealthMonitor(MonitorConfig.from_config(cfg.get("monitors"))),
+             batch_sharding, parallel.process_rows(batch_sharding, cfg.loop.batch_prompts),
              _old_policy_scorer(train_cfg, model, placement.trainer, cfg.loop.prompts_per_rollout))
 
 
@@ -119,7 +123,15 @@ def _old_policy_scorer(train_cfg: trainer.TrainConfig, model: CausalLM, layout: 
   if "old_policy_token_logp" not in objectives.loss_spec(train_cfg.loss).optional:
     return None
   config = dataclasses.replace(train_cfg, micro_batches=math.gcd(chunk_prompts, train_cfg.micro_batches))
-  return trainer.make_score_fn(config, model, layout, chunk_prompts)
+  score = trainer.make_score_fn(config, model, layout, chunk_prompts)
+  sharding = trainer.batch_sharding(layout, chunk_prompts)
+  rows = parallel.process_rows(sharding, chunk_prompts)
+  to_every_host = jax.jit(lambda x: x, out_shardings=layout.replicated)  # on the trainer's devices only
+
+  def score_chunk(params, chunk: dict) -> np.ndarray:
+    inputs = parallel.from_process_rows({k: v[rows] for k, v in chunk.items()}, sharding, chunk_prompts)
+    return np.asarray(to_every_host(score(params, inputs)))
+  return score_chunk
 
 
 def _score_new_chunks(run: Run, params, scored: int, visible: int) -> int:
@@ -151,13 +163,21 @@ def _log_worker_stats(run: Run, worker: RolloutWorker) -> None:
     run.reporter.scalars(step, metrics)
 
 
+def rollouts_inline(sampler_layout: parallel.Layout) -> bool:
+  """Whether the rollouts run in the trainer's thread (RolloutWorker inline) instead of beside it:
+  with several processes on the CPU backend, where two threads running cross-process programs at
+  once deadlock in JAX 0.10.2's gloo collectives (each side alone runs; both at once hang). Results
+  are the same either way; only the overlap of sampling and training is lost."""
+  return jax.process_count() > 1 and sampler_layout.platform == "cpu"
+
+
 def train(run: Run, on_window=None) -> dict:
   """Runs the remaining sync windows; returns the final summary (also written to the workdir).
   on_window(progress: dict), if given, is called after every window (e.g. a notebook redraws its curve)."""
   cfg, loop, schedule = run.cfg, run.cfg.loop, run.schedule
   worker = RolloutWorker(run.sampler, run.task, run.buffer, schedule, run.rollout_settings,
                          group_size=loop.group_size, seed=cfg.seed, eval_fn=lambda step: _evaluate(run, step),
-                         monitors=run.monitor.config)
+                         monitors=run.monitor.config, inline=rollouts_inline(run.sampler.layout))
   worker.start()
   meta, state = run.meta, run.state
   first_sync = meta.syncs_done
@@ -178,10 +198,12 @@ def train(run: Run, on_window=None) -> dict:
       pending, last_fetch, scored = None, time.perf_counter(), 0
       for s in range(schedule.sync_every):
         step = step0 + s
+        worker.produce(schedule.chunks_visible(s))  # inline rollouts only: the chunks this step may draw
         if run.score_old_policy is not None:
           scored = _score_new_chunks(run, state.params, scored, schedule.chunks_visible(s))
         wait_start = time.perf_counter()
-        batch = run.buffer.sample(loop.batch_prompts, schedule.chunks_visible(s), np.random.default_rng([cfg.seed, step]))
+        batch = run.buffer.sample(loop.batch_prompts, schedule.chunks_visible(s), np.random.default_rng([cfg.seed, step]),
+                                  rows=run.batch_rows)
         if batch is None:
           worker.wait_window()  # raises the worker's error, if that is why the buffer closed
           raise RuntimeError("the rollout buffer was closed while the trainer waited for data")
@@ -190,6 +212,7 @@ def train(run: Run, on_window=None) -> dict:
         versions = batch.pop("version")
         if (versions != run.sampler.snapshot_version).any():
           raise AssertionError(f"buffer served versions {set(versions)} at snapshot {run.sampler.snapshot_version}")
+        batch = parallel.from_process_rows(batch, run.batch_sharding, loop.batch_prompts)  # this host's rows only
         state, metrics = run.train_step(state, batch, jax.random.fold_in(base_key, step))
         if pending is not None:
           _finish_step(run, *pending, last_fetch)

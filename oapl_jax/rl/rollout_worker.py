@@ -5,6 +5,13 @@ For each sync window the loop hands it (snapshot version, window index, data pos
 of P prompts x G samples with the sampler's frozen params, scores them with the task and adds them
 to the buffer. Every chunk's prompts and seed are functions of (seed, data position, version,
 chunk), so a resumed run regenerates exactly what an uninterrupted run would have.
+
+`inline=True` runs the same work in the caller's thread instead, chunk by chunk as the trainer needs
+them (`produce`): with the same chunks, seeds and buffer schedule the results are identical, only
+the overlap is gone. The loop uses it where two threads must not run cross-process programs at the
+same time: on JAX's CPU backend (0.10.2, gloo collectives), two threads each running programs over
+disjoint device sets that span the same processes deadlock (measured with a two-process probe: each
+side alone runs, both at once hang; see rl/loop.py).
 """
 import dataclasses
 import queue
@@ -34,7 +41,7 @@ class RolloutWorker(threading.Thread):
 
   def __init__(self, sampler: core.Sampler, task: Task, buffer: RolloutBuffer, schedule: WindowSchedule,
                settings: SamplingSettings, *, group_size: int, seed: int, eval_fn: Callable[[int], dict],
-               monitors: MonitorConfig = MonitorConfig()):
+               monitors: MonitorConfig = MonitorConfig(), inline: bool = False):
     super().__init__(name="oapl-rollout-worker", daemon=True)
     self.sampler, self.task, self.buffer, self.schedule, self.settings = sampler, task, buffer, schedule, settings
     self.group_size, self.seed, self.eval_fn, self.monitors = group_size, seed, eval_fn, monitors
@@ -43,18 +50,53 @@ class RolloutWorker(threading.Thread):
     self._done = threading.Event()
     self._done.set()
     self.error: Optional[BaseException] = None
+    self.inline = inline
+    self._window: Optional[Window] = None  # inline: the window being produced, and its next chunk
+    self._next_chunk = 0
+
+  def start(self) -> None:
+    if not self.inline:
+      super().start()
+
+  def join(self, timeout: Optional[float] = None) -> None:
+    if not self.inline:
+      super().join(timeout)
+
+  def produce(self, chunks: int) -> None:
+    """Inline: generate, in this thread, until the window has `chunks` chunks (its eval first). The
+    threaded worker produces on its own: nothing to do."""
+    if not self.inline or self._window is None:
+      return
+    w = self._window
+    try:
+      if self._next_chunk == 0 and w.evaluate:
+        self.stats.put((self.schedule.first_step(w.index), self.eval_fn(self.schedule.first_step(w.index))))
+      while self._next_chunk < min(chunks, self.schedule.num_chunks):
+        self._next_chunk += 1
+        self._checked_chunk(w, self._next_chunk - 1)
+    except BaseException as e:
+      self.error, self._window = e, None
+      self.buffer.close()
+      raise RuntimeError(f"the rollout worker failed: {e}") from e
 
   def start_window(self, window: Window) -> None:
+    if self.inline:
+      self._window, self._next_chunk = window, 0
+      return
     self._done.clear()
     self._windows.put(window)
 
   def wait_window(self) -> None:
+    if self.inline:
+      self.produce(self.schedule.num_chunks)
+      self._window = None
     self._done.wait()
     if self.error is not None:
       raise RuntimeError(f"the rollout worker failed: {self.error}") from self.error
 
   def stop(self) -> None:
-    self._windows.put(None)
+    if not self.inline:
+      self._windows.put(None)
 
   def run(self) -> None:
     while (window := self._windows.get()) is not None:
@@ -71,13 +113,16 @@ class RolloutWorker(threading.Thread):
     if w.evaluate:
       self.stats.put((first_step, self.eval_fn(first_step)))
     for chunk in range(self.schedule.num_chunks):
-      position = self.schedule.chunk_position(w.data_position, chunk)
-      try:
-        self._run_chunk(w, chunk, position)
-      except Exception as e:
-        raise RuntimeError(f"window {w.index} (snapshot {w.version}), chunk {chunk} of task {self.task.name!r} "
-                           f"(training prompts at data positions {position}..{position + self.schedule.prompts_per_chunk - 1}"
-                           f"): {type(e).__name__}: {e}") from e
+      self._checked_chunk(w, chunk)
+
+  def _checked_chunk(self, w: Window, chunk: int) -> None:
+    position = self.schedule.chunk_position(w.data_position, chunk)
+    try:
+      self._run_chunk(w, chunk, position)
+    except Exception as e:
+      raise RuntimeError(f"window {w.index} (snapshot {w.version}), chunk {chunk} of task {self.task.name!r} "
+                         f"(training prompts at data positions {position}..{position + self.schedule.prompts_per_chunk - 1}"
+                         f"): {type(e).__name__}: {e}") from e
 
   def _run_chunk(self, w: Window, chunk: int, position: int) -> None:
     idx = prompt_order(len(self.task.train), position, self.schedule.prompts_per_chunk, self.seed)

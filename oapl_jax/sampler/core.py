@@ -225,7 +225,7 @@ class Sampler:
         lay.sharding(PartitionSpec("cache_batch", None)), lay.replicated
     self.state_shardings = DecodeState(
         cache=lay.sharding(cache_axes), tokens_S=per_slot, positions_S=per_slot,
-        num_generated_S=per_slot, max_new_S=per_slot, done_S=per_slot, uniforms_SxN=per_slot_row,
+        num_generated_S=per_slot, max_new_S=per_slot, done_S=repl, uniforms_SxN=per_slot_row,
         out_tokens_SxN=per_slot_row, out_logp_SxN=per_slot_row, stop_tokens_X=repl, temperature=repl,
         top_p=repl, top_k=repl, max_len=repl)
     self.prefix_shardings = Prefix(lay.sharding(unbatched), repl, repl)
@@ -238,7 +238,8 @@ class Sampler:
     self._init_state = jax.jit(bind(init_state_fn), static_argnums=(0, 1, 2), out_shardings=self.state_shardings)
     self._grow = jax.jit(lambda s, n: s._replace(cache=model.grow_cache(s.cache, n)), static_argnums=1,
                          out_shardings=self.state_shardings)
-    self._gather = jax.jit(lambda s, idx: (s.out_tokens_SxN[idx], s.out_logp_SxN[idx], s.num_generated_S[idx]))
+    self._gather = jax.jit(lambda s, idx: (s.out_tokens_SxN[idx], s.out_logp_SxN[idx], s.num_generated_S[idx]),
+                           out_shardings=repl)
     self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(model.config.jnp_param_dtype), p))
     self._to_decode_layout = jax.jit(model.decode_params, out_shardings=self.snapshot_shardings)
 
@@ -272,7 +273,7 @@ class Sampler:
       raise ValueError("the params tree does not match the sampler's model config "
                        f"(expected {jax.tree.structure(self.param_shardings)})")
     needs_cast = any(x.dtype != self.config.jnp_param_dtype for x in jax.tree.leaves(trainer_params))
-    params = parallel.reshard(self._cast(trainer_params) if needs_cast else trainer_params, self.param_shardings)
+    params = parallel.transfer(self._cast(trainer_params) if needs_cast else trainer_params, self.param_shardings)
     return self._to_decode_layout(params)
 
   def load(self, path: str):

@@ -1,0 +1,222 @@
+"""The OAPL loop in two processes joined by jax.distributed on 127.0.0.1, 4 fake CPU devices each,
+the sampler on its own devices (mesh.sampler_devices=4: 2 of every process's 4, parallel.split_devices).
+
+Checked against a one-process run of the same config and seed on 8 devices (trainer on 4, sampler on
+the other 4): every logged loss agrees; only process 0 writes reports; all processes killed with
+kill -9 mid-run and restarted resume from the collective checkpoint to the same final metrics.
+
+The test runs this file as a script, once per process:
+  python tests/multiprocess_loop_test.py --worker PORT NUM_PROCESSES PROCESS_ID WORKDIR RESULTS_DIR
+"""
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEVICES = 8  # in all: one process of 8, or two of 4
+# metric -> absolute tolerance next to rtol 1e-5: the log-ratio at a window's first step is float noise
+# between the sampler's and the trainer's log-probs (~2e-7), so it gets an absolute floor.
+COMPARED = {"train/loss": 0.0, "train/grad_norm": 0.0, "train/seq_log_ratio_abs_mean": 1e-6,
+            "rollout/reward_mean": 0.0, "eval/held_out/reward_mean": 0.0}
+
+
+def shaped_task(cfg):
+  """Arithmetic (1 digit) with partial credit: 1/3 per leading digit of the completion. From a
+  random policy exact match pays 0 everywhere, every advantage is 0 and the loss is ~0, which would
+  make the comparison empty; this reward varies within every group from the first window."""
+  from oapl_jax.tasks import arithmetic, rewards  # pylint: disable=import-outside-toplevel
+
+  def leading_digits(completion: str, answer: str) -> float:
+    del answer
+    return min(3, len(completion) - len(completion.lstrip("0123456789"))) / 3
+
+  task = arithmetic.make_task(cfg["num_train"], cfg["num_held_out"], seed=cfg["seed"], num_digits=1)
+  return dataclasses.replace(task, reward_fn=rewards.Guarded(rewards.ItemReward(leading_digits)))
+
+
+def loop_config():
+  """configs/arithmetic.py:smoke, smaller, 3 windows of 2 steps, a checkpoint after every window."""
+  from configs import arithmetic  # pylint: disable=import-outside-toplevel
+  c = arithmetic.get_config("smoke")
+  c.model.overrides.update(hidden_size=64, intermediate_size=256, head_dim=16)
+  c.task.update(name="tests.multiprocess_loop_test:shaped_task", num_digits=1, num_train=64, num_held_out=8)
+  c.warmstart.steps = 0
+  c.sampler.update(num_slots=32, max_new_tokens=4, grow_cache=False)
+  c.eval.update(num_prompts=8, samples=2, ks=(1, 2), max_new_tokens=4)
+  c.loop.update(sync_every=2, num_syncs=3, eval_every_syncs=4)
+  c.checkpoint.every_syncs = 1
+  c.mesh.update(sampler_devices=4)
+  return c
+
+
+# ------------------------------------------------------------------------------ the worker process
+class _Writes:
+  """Paths this process opens for writing, renames or removes (Python's audit events)."""
+
+  def __init__(self):
+    self.paths, self.on = [], True
+    sys.addaudithook(self._hook)
+
+  def _hook(self, event, args):
+    if not self.on:
+      return
+    if event == "open" and isinstance(args[0], str) and (any(m in str(args[1] or "") for m in "wax+")
+                                                         or (args[2] or 0) & (os.O_WRONLY | os.O_RDWR)):
+      self.paths.append(os.path.abspath(args[0]))
+    elif event in ("os.rename", "os.replace", "os.remove", "os.unlink") and isinstance(args[0], str):
+      self.paths.append(os.path.abspath(args[0]))
+
+
+def _worker(port: int, num_processes: int, process_id: int, workdir: str, results: str):
+  sys.path.insert(0, REPO)
+  writes = _Writes()
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_default_matmul_precision", "highest")
+  from oapl_jax import distributed, reporting  # pylint: disable=import-outside-toplevel
+  from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
+  distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
+  logged = []
+  write_scalars = reporting.Reporter.scalars
+
+  def scalars(self, step, metrics):  # what this process reports, whether or not it writes it
+    logged.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
+    write_scalars(self, step, metrics)
+
+  reporting.Reporter.scalars = scalars
+  start = time.perf_counter()
+  summary = loop.train(loop.setup(loop_config(), workdir))
+  writes.on = False
+  with open(os.path.join(results, f"process{process_id}.json"), "w") as f:
+    json.dump({"logged": logged, "writes": writes.paths, "pid": os.getpid(), "seconds": time.perf_counter() - start,
+               "summary": {k: v for k, v in summary.items() if k != "paths"}}, f)
+  if num_processes > 1:
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+  _worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+  sys.exit(0)
+
+
+# ------------------------------------------------------------------------------ the tests
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def _start(num_processes: int, workdir, results) -> list[subprocess.Popen]:
+  port = _free_port() if num_processes > 1 else 0
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "XLA_"))}
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES // num_processes}", JAX_PLATFORMS="cpu",
+             TF_CPP_MIN_LOG_LEVEL="3")
+  os.makedirs(results, exist_ok=True)
+  return [subprocess.Popen([sys.executable, __file__, "--worker", str(port), str(num_processes), str(i), str(workdir),
+                            str(results)], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                           stderr=open(os.path.join(results, f"process{i}.log"), "w"))
+          for i in range(num_processes)]
+
+
+def _finish(procs, results, timeout=600) -> list[dict]:
+  deadline = time.time() + timeout
+  try:
+    for proc in procs:
+      proc.wait(timeout=max(1, deadline - time.time()))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  out = []
+  for i, proc in enumerate(procs):
+    if proc.returncode != 0:
+      with open(os.path.join(results, f"process{i}.log")) as f:
+        pytest.fail(f"process {i} exited with {proc.returncode}:\n{f.read()[-4000:]}")
+    with open(os.path.join(results, f"process{i}.json")) as f:
+      out.append(json.load(f))
+  return out
+
+
+def _series(logged: list[dict], key: str) -> dict[int, float]:
+  return {h["step"]: h[key] for h in logged if key in h}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """One run of one process and one of two processes, side by side: (their reports, workdirs)."""
+  root = tmp_path_factory.mktemp("uninterrupted")
+  one, two = _start(1, root / "one", root / "one-results"), _start(2, root / "two", root / "two-results")
+  return {"one": _finish(one, root / "one-results"), "two": _finish(two, root / "two-results"),
+          "one_dir": str(root / "one"), "two_dir": str(root / "two")}
+
+
+def test_two_processes_log_the_losses_of_one(uninterrupted):
+  reference, (first, second) = uninterrupted["one"][0], uninterrupted["two"]
+  for key, atol in COMPARED.items():
+    want = _series(reference["logged"], key)
+    assert sorted(want) == ([0, 6] if key.startswith("eval/") else list(range(6))), (key, sorted(want))
+    for process in (first, second):
+      got = _series(process["logged"], key)
+      assert sorted(got) == sorted(want), key
+      np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-5, atol=atol, err_msg=key)
+    np.testing.assert_array_equal(list(_series(second["logged"], key).values()),  # the processes agree exactly
+                                  list(_series(first["logged"], key).values()), err_msg=key)
+  losses = list(_series(reference["logged"], "train/loss").values())
+  assert min(losses) > 1e-4, losses  # the shaped reward gives every window a loss worth comparing
+
+
+def test_only_process_0_writes_reports(uninterrupted):
+  workdir = uninterrupted["two_dir"]
+  first, second = uninterrupted["two"]
+  outside_checkpoints = lambda paths: {p for p in paths if p.startswith(workdir)  # noqa: E731
+                                       and not p.startswith(os.path.join(workdir, "checkpoints"))}
+  assert outside_checkpoints(second["writes"]) == set(), "process 1 wrote reports"
+  written = {os.path.relpath(p, workdir) for p in outside_checkpoints(first["writes"])}
+  assert {"metrics.jsonl", "learning_curve.png", "summary.md", "summary.json"} <= written, written
+  events = [name for name in os.listdir(workdir) if name.startswith("events.out.tfevents")]  # written by TF's C++
+  assert events and all(f".{first['pid']}." in name for name in events), (events, first["pid"], second["pid"])
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    on_disk = [json.loads(line) for line in f]
+  assert _series(on_disk, "train/loss") == _series(first["logged"], "train/loss")
+
+
+def _committed_steps(workdir) -> set[int]:
+  directory = os.path.join(workdir, "checkpoints")
+  return {int(n) for n in os.listdir(directory) if n.isdigit()} if os.path.isdir(directory) else set()
+
+
+@pytest.mark.slow
+def test_killed_processes_resume_to_the_uninterrupted_metrics(uninterrupted, tmp_path):
+  workdir, results = tmp_path / "killed", tmp_path / "results"
+  procs = _start(2, workdir, results)
+  deadline = time.time() + 600
+  while not _committed_steps(workdir) and time.time() < deadline and all(p.poll() is None for p in procs):
+    time.sleep(0.2)
+  for proc in procs:  # every process, mid-run, without a chance to clean up
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+  killed_at = _committed_steps(workdir)
+  assert killed_at and max(killed_at) < 6, killed_at  # a checkpoint was taken, and the run was not over
+  assert not os.path.exists(workdir / "summary.json")
+  resumed = _finish(_start(2, workdir, tmp_path / "resumed"), tmp_path / "resumed")
+  want = uninterrupted["two"][0]
+  for key in COMPARED:
+    after = {s: v for s, v in _series(want["logged"], key).items() if s >= max(killed_at)}
+    assert after, key
+    for process in resumed:
+      got = _series(process["logged"], key)
+      np.testing.assert_array_equal([got[s] for s in after], list(after.values()), err_msg=key)  # bit-identical
+  final = lambda summary: {k: v for k, v in summary.items() if "(end)" in k or k in ("syncs", "snapshot_version")}  # noqa: E731
+  assert final(resumed[0]["summary"]) == final(want["summary"]) and "eval/held_out/pass@1 (end)" in final(want["summary"])
+  with open(workdir / "metrics.jsonl") as f:
+    on_disk = [json.loads(line) for line in f]
+  logged = [(h["step"], k) for h in on_disk for k in h if k != "step"]
+  assert len(logged) == len(set(logged))  # steps re-run after the restore replaced the killed run's points
+  assert _series(on_disk, "train/loss") == _series(want["logged"], "train/loss")
