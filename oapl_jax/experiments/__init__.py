@@ -1,0 +1,1 @@
+"""Studies that compare losses over seeds and lags, and write reports."""
