@@ -8,6 +8,14 @@
 
 With `mesh.sampler_devices` = 0 the sampler and trainer share devices; with n > 0 the sampler gets
 its own and both run truly concurrently (parallel.placement_from_config).
+
+Several processes (jax.distributed): every process runs this same loop. Each holds part of both
+meshes (parallel.split_devices says why not whole hosts per side), so the refresh is a reshard on the
+trainer's devices plus local device-to-device copies (parallel.transfer), and the rollouts come back
+to every host as token ids (the sampler's outputs are replicated: small). The buffer's draw is the
+same on every host; each host packs and feeds only its rows of the trainer batch. Only process 0
+writes reports (reporting.Reporter) and the run's config; orbax saves and restores with all of them.
+On the CPU backend the rollouts then run in the trainer's thread (`rollouts_inline`).
 """
 import dataclasses
 import logging
