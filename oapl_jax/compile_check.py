@@ -116,9 +116,13 @@ def topology_devices(topology: Topology) -> list:
 
 
 # ------------------------------------------------------------------------------ the run's own factories
-def _model(cfg_model) -> api.CausalLM:
-  """The run's model, no weights; a checkpoint not on this host is read as the preset it is named after."""
-  return factory.model_from_config(cfg_model, preset_when_absent=True)
+def _model(cfg_model, num_layers: int = 0) -> api.CausalLM:
+  """The run's model, no weights (a checkpoint not on this host is read as the preset it is named after);
+  num_layers > 0 cuts it to that many layers, a cheap probe of memory = fixed + per_layer * L."""
+  if num_layers < 0:
+    raise ValueError(f"num_layers={num_layers} must be >= 0 (0: the model's own)")
+  model = factory.model_from_config(cfg_model, preset_when_absent=True)
+  return api.for_config(model.config.replace(num_layers=num_layers)) if num_layers else model
 
 
 def _placement(cfg_mesh, devices) -> parallel.Placement:
@@ -147,8 +151,11 @@ def _sampler(cfg, model, layout: parallel.Layout) -> core.Sampler:
 
 
 def seq_len_of(cfg) -> int:
-  """The trainer's sequence length as loop.setup computes it, with the longest prompt at max_prefill_length."""
-  return cfg.sampler.max_prefill_length + max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens) - 1
+  """The trainer's sequence length with the longest prompt at max_prefill_length: as loop.setup computes it
+  (its buffer also fits eval's lengths), or for an offline config (an `offline` section, rl/offline.py) from
+  the rollouts' own budget, sampler.max_new_tokens (configs/code.py: 36095, not eval's 69631)."""
+  new_tokens = cfg.sampler.max_new_tokens if "offline" in cfg else max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens)
+  return cfg.sampler.max_prefill_length + new_tokens - 1
 
 
 # ------------------------------------------------------------------------------ abstract inputs
@@ -279,18 +286,20 @@ class Report:
 
 
 def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4, hbm_bytes: Optional[int] = None,
-          programs: Sequence[str] = PROGRAMS) -> Report:
+          programs: Sequence[str] = PROGRAMS, num_layers: int = 0) -> Report:
   """Compile `programs` of the run `cfg` describes for `topology`; per-device memory against HBM.
-  seq_len: the trainer's T (default `seq_len_of(cfg)`); hbm_bytes: the chip's HBM unless given."""
+  seq_len: the trainer's T (default `seq_len_of(cfg)`); hbm_bytes: the chip's HBM unless given;
+  num_layers: > 0 compiles a model cut to that many layers (a probe, not the run)."""
   if set(programs) - set(PROGRAMS):
     raise ValueError(f"unknown programs {sorted(set(programs) - set(PROGRAMS))}; known: {PROGRAMS}")
   topo = parse_topology(topology)
-  model, placement = _model(cfg.model), _placement(cfg.mesh, topology_devices(topo))
+  model, placement = _model(cfg.model, num_layers), _placement(cfg.mesh, topology_devices(topo))
   loop, T, M = cfg.loop, seq_len or seq_len_of(cfg), cfg.trainer.micro_batches
   layout = {"batch_prompts": loop.batch_prompts, "group_size": loop.group_size, "seq_len": T, "micro_batches": M,
             "trainer_mesh": dict(placement.trainer.mesh.shape), "sampler_mesh": dict(placement.sampler.mesh.shape),
-            "num_slots": cfg.sampler.num_slots, "cache_len": seq_len_of(cfg) + 1}
-  notes, results = [], {}
+            "num_slots": cfg.sampler.num_slots,
+            "cache_len": cfg.sampler.max_prefill_length + max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens)}
+  notes, results = [f"num_layers={num_layers}: a probe, the model cut to that many layers"] if num_layers else [], {}
   shards = placement.trainer.axis_size("batch")
   sequences = loop.batch_prompts // M * loop.group_size
   if loop.batch_prompts % M or sequences % shards:
@@ -358,7 +367,8 @@ def format_report(report: Report) -> str:
 def main(_):
   FLAGS = flags.FLAGS
   report = check(FLAGS.config, FLAGS.topology, seq_len=FLAGS.seq_len or None, mfu=FLAGS.mfu,
-                 hbm_bytes=int(FLAGS.hbm_gib * GIB) if FLAGS.hbm_gib else None, programs=FLAGS.programs)
+                 hbm_bytes=int(FLAGS.hbm_gib * GIB) if FLAGS.hbm_gib else None, programs=FLAGS.programs,
+                 num_layers=FLAGS.num_layers)
   print(format_report(report))
   if FLAGS.json:
     with open(FLAGS.json, "w") as f:
@@ -375,10 +385,11 @@ def run():
   jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing here
   config_flags.DEFINE_config_file("config", None, "Experiment config (get_config), as for oapl_jax.main.")
   flags.DEFINE_string("topology", None, "v5p-64, v5e-256, v6e-16, 2xv5e-256, v5p:4x4x8, ...")
-  flags.DEFINE_integer("seq_len", 0, "trainer sequence length T (0: max_prefill_length + max_new_tokens - 1)")
+  flags.DEFINE_integer("seq_len", 0, "trainer sequence length T (0: as the run computes it, seq_len_of)")
   flags.DEFINE_float("mfu", 0.4, "model FLOPs utilization assumed for the step-time estimate")
   flags.DEFINE_float("hbm_gib", 0.0, "HBM per chip to fit in (0: the chip's)")
   flags.DEFINE_list("programs", list(PROGRAMS), "which programs to compile")
+  flags.DEFINE_integer("num_layers", 0, "compile the model cut to this many layers (0: all); memory probes")
   flags.DEFINE_string("json", "", "write the numbers here")
   flags.mark_flags_as_required(["config", "topology"])
   app.run(main)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from configs import arithmetic
+from configs import arithmetic, code, math as math_config
 from oapl_jax import compile_check as cc
 
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install 'libtpu==0.0.42.*'): no TPU topologies")
@@ -152,3 +152,21 @@ def test_a_program_too_big_for_hbm_reports_what_the_compiler_asked_for():
 def test_required_bytes_from_compiler_messages(message, expected):
   got = cc.required_bytes_from_error(message)
   assert got == (None if expected is None else int(expected))
+
+
+def test_trainer_length_is_the_rollouts_budget_offline_and_the_loops_online():
+  offline = code.get_config()  # the offline trainer (rl/offline.py) packs only the stored 32000-token rollouts
+  assert (offline.sampler.max_new_tokens, offline.eval.max_new_tokens) == (32000, 65536)
+  assert cc.seq_len_of(offline) == 4096 + 32000 - 1
+  online = math_config.get_config()  # the loop's buffer also fits eval's lengths
+  online.eval.max_new_tokens = online.sampler.max_new_tokens + 100
+  assert cc.seq_len_of(online) == online.sampler.max_prefill_length + online.sampler.max_new_tokens + 100 - 1
+
+
+def test_num_layers_probe_cuts_only_the_layers():
+  cfg = code.get_config()
+  full, cut = cc._model(cfg.model), cc._model(cfg.model, num_layers=3)
+  assert (full.config.num_layers, cut.config.num_layers) == (48, 3)
+  assert cut.config.replace(num_layers=48) == full.config
+  with pytest.raises(ValueError, match="num_layers=-1"):
+    cc._model(cfg.model, num_layers=-1)
