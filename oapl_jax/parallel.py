@@ -321,11 +321,11 @@ def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, l
     return devices[:len(devices) - n], devices[len(devices) - n:]
   local = {len(ds) for ds in by_process.values()}
   per = n // len(by_process)
-  if len(local) != 1 or n % len(by_process) or per >= min(local):
+  if len(local) != 1 or n % len(by_process) or per >= min(local) or (min(local) - per) % per:
     raise ValueError(f"config field mesh.sampler_devices={n}: with {len(by_process)} processes of "
                      f"{sorted(local)} devices each, the sampler takes the same number of devices on every "
-                     f"process and leaves some to the trainer (a multiple of {len(by_process)}, below "
-                     f"{len(by_process) * min(local)})")
+                     f"process, and each process's trainer devices must be a multiple of its sampler devices "
+                     f"(the refresh copies each sampler shard from a trainer device of the same process)")
   split = min(local) - per
   return ([d for ds in by_process.values() for d in ds[:split]],
           [d for ds in by_process.values() for d in ds[split:]])
