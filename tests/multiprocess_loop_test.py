@@ -94,11 +94,31 @@ def _worker(port: int, num_processes: int, process_id: int, workdir: str, result
   start = time.perf_counter()
   summary = loop.train(loop.setup(loop_config(), workdir))
   writes.on = False
+  transfers = _check_transfers()
   with open(os.path.join(results, f"process{process_id}.json"), "w") as f:
-    json.dump({"logged": logged, "writes": writes.paths, "pid": os.getpid(), "seconds": time.perf_counter() - start,
+    json.dump({"logged": logged, "writes": writes.paths, "pid": os.getpid(), "transfers": transfers, "seconds": time.perf_counter() - start,
                "summary": {k: v for k, v in summary.items() if k != "paths"}}, f)
   if num_processes > 1:
     jax.distributed.shutdown()
+
+
+def _check_transfers() -> dict:
+  """parallel.transfer between the run's two meshes for layouts that differ (FSDP -> tensor,
+  sharded -> replicated): is every shard this process holds the reference's slice?"""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  from oapl_jax import parallel  # pylint: disable=import-outside-toplevel
+  placement = parallel.placement_from_config(loop_config().mesh)
+  reference_8x12 = np.arange(96, dtype=np.float32).reshape(8, 12)
+  source = jax.make_array_from_callback((8, 12), NamedSharding(placement.trainer.mesh, P("fsdp", None)),
+                                        lambda index: reference_8x12[index])
+  out = {}
+  for name, spec in (("to_columns", P(None, "fsdp")), ("to_replicated", P())):
+    moved = parallel.transfer({"w": source}, {"w": NamedSharding(placement.sampler.mesh, spec)})["w"]
+    on_sampler = {shard.device for shard in moved.addressable_shards} <= set(placement.sampler.mesh.devices.flat)
+    out[name] = on_sampler and all(np.array_equal(np.asarray(shard.data), reference_8x12[shard.index])
+                                   for shard in moved.addressable_shards)
+  return out
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
@@ -168,6 +188,7 @@ def test_two_processes_log_the_losses_of_one(uninterrupted):
       np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-5, atol=atol, err_msg=key)
     np.testing.assert_array_equal(list(_series(second["logged"], key).values()),  # the processes agree exactly
                                   list(_series(first["logged"], key).values()), err_msg=key)
+  assert first["transfers"] == second["transfers"] == {"to_columns": True, "to_replicated": True}
   losses = list(_series(reference["logged"], "train/loss").values())
   assert min(losses) > 1e-4, losses  # the shaped reward gives every window a loss worth comparing
 
