@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from oapl_jax import objectives
+from oapl_jax import objectives, parallel
 from oapl_jax.models.api import CausalLM
 from oapl_jax.parallel import Layout
 from oapl_jax.rl import trainer
@@ -54,12 +54,15 @@ def warm_start(examples: Sequence[Demonstration], params, model: CausalLM, layou
   state = trainer.create_train_state(train_config, model, params, layout)
   step_fn = trainer.make_train_step(train_config, model, layout)
   data = pack_demonstrations(examples, seq_len)
+  sharding = trainer.batch_sharding(layout, config.batch_size)
+  local_rows = parallel.process_rows(sharding, config.batch_size)  # every process feeds only its own rows
   rng = np.random.default_rng(seed)
   start, pending, steady = time.perf_counter(), None, None
   report_every = max(1, config.steps // 10)  # a console line per tenth, with an ETA from steady-state steps
   for step in range(config.steps):
     rows = rng.choice(len(examples), size=config.batch_size, replace=False)
-    state, metrics = step_fn(state, {k: v[rows] for k, v in data.items()}, jax.random.PRNGKey(step))
+    batch = parallel.from_process_rows({k: v[rows][local_rows] for k, v in data.items()}, sharding, config.batch_size)
+    state, metrics = step_fn(state, batch, jax.random.PRNGKey(step))
     if pending is not None and (step % 50 == 0 or step == config.steps - 1):
       log(step, {"warmstart/nll": float(pending["nll"]), "warmstart/seconds": time.perf_counter() - start})
     if step == 1:  # step 0 compiled; time from here
