@@ -122,9 +122,9 @@ def make_task(num_train: int = 4096, num_held_out: int = 256, *, seed: int = 0, 
   tokenizer = CharTokenizer()
   kw = dict(seed=seed, num_terms=num_terms, num_digits=num_digits, held_out_fraction=held_out_fraction,
             tokenizer=tokenizer)
-  train = make_problems(num_train, "train", **kw)
+  train, held_out = make_problems(num_train, "train", **kw), make_problems(num_held_out, "held_out", **kw)
   return base.Task(
-      name="chain", tokenizer=tokenizer, train=train, eval_sets={"held_out": make_problems(num_held_out, "held_out", **kw)},
+      name="chain", tokenizer=tokenizer, train=train, eval_sets={"held_out": held_out},
       reward_fn=rewards.Guarded(rewards.ItemReward(score)),
       demonstrations=lambda demo_seed: sft_examples(train, tokenizer, slip_rate=teacher_slip_rate, seed=demo_seed))
 
