@@ -38,9 +38,10 @@ def _split(base: ConfigDict, num_val: int, num_test: int) -> ConfigDict:
 
 def get_config(arg: str = "arithmetic") -> ConfigDict:
   parts = set(arg.split(",")) - {""}
-  tasks = parts & {"arithmetic", "chain"}
+  tasks = (parts & {"arithmetic", "chain"}) or {"arithmetic"}
   if len(tasks) != 1 or parts - {"arithmetic", "chain", "smoke"}:
-    raise ValueError(f"configs/claims.py: arg {arg!r}; expected 'arithmetic' or 'chain', optionally ',smoke'")
+    raise ValueError(f"configs/claims.py: unknown variant {arg!r}; expected 'arithmetic' (the default) or "
+                     f"'chain', optionally ',smoke'")
   task = tasks.pop()
   if task == "arithmetic":  # the demo's tiny model, task and warm start (configs/arithmetic.py)
     c = _arithmetic_demo_config()
