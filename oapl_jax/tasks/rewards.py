@@ -100,6 +100,9 @@ class Guarded:
       out = self.fn(completions, answers)
       result = out if isinstance(out, RewardResult) else RewardResult(out)
       raw = np.asarray(result.rewards)
+      if raw.dtype == object and raw.ndim == 1 and all(  # a list with missing items: those fail, the rest count
+          v is None or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool)) for v in raw):
+        raw = np.array([np.nan if v is None else float(v) for v in raw], np.float64)
       if raw.dtype.kind not in "biuf":  # strings, objects: not rewards (numpy would parse '0.5')
         raise ValueError(f"rewards must be numbers, got an array of {raw.dtype}")
       rewards = raw.astype(np.float32)
