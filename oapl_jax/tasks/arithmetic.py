@@ -12,13 +12,13 @@ from typing import Sequence
 
 import numpy as np
 
-from oapl_jax.tasks import base, char_tokenizer
+from oapl_jax.tasks import base, char_tokenizer, synthetic_draw
 from oapl_jax.tasks import rewards
 
 from oapl_jax.tasks.char_tokenizer import BOS, EOS, PAD  # noqa: F401  (re-exported)
 CHARS = "0123456789+-*= "
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-SPLITS = ("train", "held_out")
+SPLITS = synthetic_draw.SPLITS
 
 
 class CharTokenizer(char_tokenizer.CharTokenizer):
@@ -43,26 +43,21 @@ def make_problems(num: int, split: str = "train", *, seed: int = 0, num_digits: 
                   operations: Sequence[str] = ("+",), held_out_fraction: float = 0.1,
                   tokenizer: CharTokenizer | None = None) -> list[base.Problem]:
   """`num` distinct problems of `split`, deterministic given the arguments."""
-  if split not in SPLITS:
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  synthetic_draw.check_split(split)
   unknown = set(operations) - set(OPERATIONS)
   if unknown or not operations:
     raise ValueError(f"operations must be a non-empty subset of {list(OPERATIONS)}, "
                      f"got {list(operations)}")
   tokenizer = tokenizer or CharTokenizer()
-  rng = np.random.default_rng([seed, SPLITS.index(split)])
-  want_held_out = split == "held_out"
-  seen, problems, draws = set(), [], 0
-  while len(problems) < num:
-    draws += 1
-    if draws > 100 * num + 10_000:
-      raise ValueError(f"could not draw {num} distinct {split} problems with "
-                       f"num_digits={num_digits}, held_out_fraction={held_out_fraction}")
+
+  def draw(rng):
     op = operations[int(rng.integers(len(operations)))]
     a, b = (int(x) for x in rng.integers(10**num_digits, size=2))
-    if (a, op, b) in seen or is_held_out(a, op, b, held_out_fraction) != want_held_out:
-      continue
-    seen.add((a, op, b))
+    return a, op, b
+
+  problems = []
+  for a, op, b in synthetic_draw.draw_distinct(num, split, seed, draw, lambda k: is_held_out(*k, held_out_fraction),
+                                               f"num_digits={num_digits}, held_out_fraction={held_out_fraction}"):
     prompt = f"{a}{op}{b}="
     problems.append(base.Problem(
         prompt=prompt, answer=str(OPERATIONS[op](a, b)),

@@ -22,11 +22,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from oapl_jax.tasks import base, char_tokenizer, rewards
+from oapl_jax.tasks import base, char_tokenizer, rewards, synthetic_draw
 from oapl_jax.tasks.char_tokenizer import EOS
 
 CHARS = "0123456789+=;#"
-SPLITS = ("train", "held_out")
+SPLITS = synthetic_draw.SPLITS
 
 
 class CharTokenizer(char_tokenizer.CharTokenizer):
@@ -62,22 +62,15 @@ def max_completion_len(num_terms: int, num_digits: int) -> int:
 def make_problems(num: int, split: str = "train", *, seed: int = 0, num_terms: int = 7, num_digits: int = 2,
                   held_out_fraction: float = 0.1, tokenizer: CharTokenizer | None = None) -> list[base.Problem]:
   """`num` distinct problems of `split`, deterministic given the arguments."""
-  if split not in SPLITS:
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  synthetic_draw.check_split(split)
   if num_terms < 2 or num_digits < 1:
     raise ValueError(f"num_terms must be >= 2 and num_digits >= 1, got {num_terms} and {num_digits}")
   tokenizer = tokenizer or CharTokenizer()
-  rng = np.random.default_rng([seed, SPLITS.index(split)])
-  seen, problems, draws = set(), [], 0
-  while len(problems) < num:
-    draws += 1
-    if draws > 100 * num + 10_000:
-      raise ValueError(f"could not draw {num} distinct {split} problems with num_terms={num_terms}, "
-                       f"num_digits={num_digits}, held_out_fraction={held_out_fraction}")
-    terms = tuple(int(x) for x in rng.integers(10**num_digits, size=num_terms))
-    if terms in seen or is_held_out(terms, held_out_fraction) != (split == "held_out"):
-      continue
-    seen.add(terms)
+  draw = lambda rng: tuple(int(x) for x in rng.integers(10**num_digits, size=num_terms))  # noqa: E731
+  problems = []
+  for terms in synthetic_draw.draw_distinct(
+      num, split, seed, draw, lambda terms: is_held_out(terms, held_out_fraction),
+      f"num_terms={num_terms}, num_digits={num_digits}, held_out_fraction={held_out_fraction}"):
     prompt = "+".join(map(str, terms)) + "="
     problems.append(base.Problem(prompt=prompt, answer=str(sum(terms)),
                                  prompt_tokens=(tokenizer.bos_id, *tokenizer.encode(prompt))))

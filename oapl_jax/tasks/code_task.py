@@ -19,12 +19,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from oapl_jax.tasks import base, char_tokenizer, code_reward, rewards, sources
+from oapl_jax.tasks import base, char_tokenizer, code_reward, rewards, sources, synthetic_draw
 
 from oapl_jax.tasks.char_tokenizer import BOS, EOS, PAD  # noqa: F401  (re-exported)
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 \n`+-*/%=()[]:,._"
 TEST_INPUTS = (-2, 0, 3, 10)
-SPLITS = ("train", "held_out")
+SPLITS = synthetic_draw.SPLITS
 _SPEC = re.compile(r"f\(x\)=(\d+)x([+-])(\d+)\n")
 
 
@@ -53,23 +53,18 @@ def is_held_out(a: int, sign: str, b: int, held_out_fraction: float) -> bool:
 def make_problems(num: int, split: str = "train", *, seed: int = 0, num_digits: int = 1,
                   held_out_fraction: float = 0.25, tokenizer: CodeCharTokenizer | None = None) -> list[base.Problem]:
   """`num` distinct problems f(x) = a*x +- b of `split` (a in [2, 10**d), b in [1, 10**d)), deterministic."""
-  if split not in SPLITS:
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  synthetic_draw.check_split(split)
   if not 1 <= num_digits <= 3:
     raise ValueError(f"num_digits must be 1, 2 or 3, got {num_digits}")
   tokenizer = tokenizer or CodeCharTokenizer()
-  rng = np.random.default_rng([seed, SPLITS.index(split)])
-  seen, problems, draws = set(), [], 0
-  while len(problems) < num:
-    draws += 1
-    if draws > 100 * num + 10_000:
-      raise ValueError(f"could not draw {num} distinct {split} problems with num_digits={num_digits}, "
-                       f"held_out_fraction={held_out_fraction}")
+
+  def draw(rng):
     a, b = int(rng.integers(2, 10**num_digits)), int(rng.integers(1, 10**num_digits))
-    sign = "+-"[int(rng.integers(2))]
-    if (a, sign, b) in seen or is_held_out(a, sign, b, held_out_fraction) != (split == "held_out"):
-      continue
-    seen.add((a, sign, b))
+    return a, "+-"[int(rng.integers(2))], b
+
+  problems = []
+  for a, sign, b in synthetic_draw.draw_distinct(num, split, seed, draw, lambda k: is_held_out(*k, held_out_fraction),
+                                                 f"num_digits={num_digits}, held_out_fraction={held_out_fraction}"):
     prompt = f"f(x)={a}x{sign}{b}\n"
     problems.append(base.Problem(prompt=prompt, answer=tests_record(a, sign, b),
                                  prompt_tokens=(tokenizer.bos_id, *tokenizer.encode(prompt))))

@@ -1,0 +1,30 @@
+"""Deterministic draws of distinct synthetic problems for a split (arithmetic, chain, code_synthetic)."""
+from typing import Callable, Hashable, TypeVar
+
+import numpy as np
+
+SPLITS = ("train", "held_out")
+Key = TypeVar("Key", bound=Hashable)
+
+
+def check_split(split: str) -> None:
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def draw_distinct(num: int, split: str, seed: int, draw: Callable[[np.random.Generator], Key],
+                  held_out: Callable[[Key], bool], settings: str) -> list[Key]:
+  """`num` distinct keys `draw(rng)` whose `held_out(key)` matches `split`, in draw order; the rng is
+  seeded by (seed, split). `settings` names the task's arguments in the error when too few exist."""
+  rng = np.random.default_rng([seed, SPLITS.index(split)])
+  seen, keys, draws = set(), [], 0
+  while len(keys) < num:
+    draws += 1
+    if draws > 100 * num + 10_000:
+      raise ValueError(f"could not draw {num} distinct {split} problems with {settings}")
+    key = draw(rng)
+    if key in seen or held_out(key) != (split == "held_out"):
+      continue
+    seen.add(key)
+    keys.append(key)
+  return keys
