@@ -213,7 +213,6 @@ def _committed_steps(workdir) -> set[int]:
   return {int(n) for n in os.listdir(directory) if n.isdigit()} if os.path.isdir(directory) else set()
 
 
-@pytest.mark.slow
 def test_killed_processes_resume_to_the_uninterrupted_metrics(uninterrupted, tmp_path):
   workdir, results = tmp_path / "killed", tmp_path / "results"
   procs = _start(2, workdir, results)
