@@ -64,7 +64,8 @@ def get_config(arg: str = "arithmetic") -> ConfigDict:
     c.warmstart.optim.lr = 3e-3
     c.trainer.loss_settings.oapl.update(beta1=0.5, beta2=0.5)
     c.trainer.optim.update(lr=1e-4, b1=0.9, b2=0.95, weight_decay=0.0, max_grad_norm=1.0)
-    c.sampler.update(num_slots=32, max_prefill_length=24, max_new_tokens=64, temperature=1.0, top_p=1.0,
+    # rollouts at temperature 0.7: at 1.0 they scored ~5%, most groups of 8 had no reward signal
+    c.sampler.update(num_slots=32, max_prefill_length=24, max_new_tokens=64, temperature=0.7, top_p=1.0,
                      steps_per_sync=16)
     c.eval.update(temperature=0.6, top_p=0.95, max_new_tokens=64)
   c.loop.update(batch_prompts=4, prompts_per_rollout=4, group_size=8, steps_per_rollout=1,

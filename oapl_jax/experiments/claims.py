@@ -14,7 +14,7 @@ start's snapshot (the most off-policy a run of this budget can be).
 Equal generation budget: every run takes S = 100 trainer steps and each step samples one fresh chunk
 of B = 4 prompts x G = 8 responses (configs/claims.py), so every run draws S*B*G = 3200 responses
 whatever its loss and lag; the lag only sets how many steps share a sampler snapshot (S / L windows).
-Equal tuning budget: each loss gets the same 2 points (TUNING: the learning rate, the one knob every
+Equal tuning budget: each loss gets the same 2 points (tuning_grid: the learning rate, the one knob every
 loss has whose right value depends on the loss's own scale), run at the tuning lag (10; grpo_onpolicy:
 1) with seed 0; the point with the best final validation pass@1 is then run at every lag and seed, and
 everything the report states comes from the held-out test split (experiments/split_task.py).
@@ -44,7 +44,13 @@ from typing import Any, Sequence
 STUDIED_LOSSES = ("oapl", "grpo", "grpo_onpolicy", "opmd", "asymre")
 LAGS = (1, 10, 50, 100)  # 100 = the whole run on one sampler snapshot (S = 100)
 SEEDS = (0, 1, 2)
-TUNING = {loss: [{"config.trainer.optim.lr": lr} for lr in (1e-4, 3e-4)] for loss in STUDIED_LOSSES}
+LEARNING_RATES = {"arithmetic": (1e-4, 3e-4), "chain": (3e-5, 1e-4)}  # chain: at 3e-4 every loss fell (seed-0 probe)
+
+
+def tuning_grid(task: str) -> dict:
+  """loss -> its tuning points (the same learning rates for every loss of a task)."""
+  return {loss: [{"config.trainer.optim.lr": lr} for lr in LEARNING_RATES[task]] for loss in STUDIED_LOSSES}
+
 PASS_KS = (1, 2, 4, 5, 8, 10, 16, 32, 64)
 FINAL_EVAL = "final_eval.json"
 CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "claims.py")
@@ -87,9 +93,10 @@ def make_study(task: str, smoke: bool = False) -> Study:
   if task not in ("arithmetic", "chain"):
     raise ValueError(f"--task must be 'arithmetic' or 'chain', got {task!r}")
   if smoke:  # 2 losses x 2 lags x 1 seed, one tuning point each
-    return Study(task, ("oapl", "grpo"), (1, 2), (0,), {l: TUNING[l][:1] for l in ("oapl", "grpo")},
+    grid = tuning_grid(task)
+    return Study(task, ("oapl", "grpo"), (1, 2), (0,), {l: grid[l][:1] for l in ("oapl", "grpo")},
                  tune_lag=2, final_samples=8, val_samples=4, smoke=True)
-  return Study(task, STUDIED_LOSSES, LAGS, SEEDS, TUNING)
+  return Study(task, STUDIED_LOSSES, LAGS, SEEDS, tuning_grid(task))
 
 
 # ------------------------------------------------------------------------------ the runs
