@@ -4,8 +4,6 @@ import os
 import re
 import time
 
-import pytest
-
 import nbformat
 from nbclient import NotebookClient
 
@@ -28,7 +26,6 @@ def test_notebook_is_stored_without_outputs():
   assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
-@pytest.mark.slow
 def test_notebook_runs_top_to_bottom_on_cpu(tmp_path, monkeypatch):
   monkeypatch.setenv("OAPL_NOTEBOOK_QUICK", "1")
   monkeypatch.setenv("OAPL_NOTEBOOK_WORKDIR", str(tmp_path / "run"))

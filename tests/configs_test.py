@@ -55,15 +55,13 @@ def test_batch_that_does_not_divide_over_the_mesh_is_refused(tmp_path):
     loop.setup(c, str(tmp_path))
 
 
-def test_arithmetic_smoke_runs_a_step(tmp_path):
-  summary = loop.train(loop.setup(importlib.import_module("configs.arithmetic").get_config("smoke"), str(tmp_path)))
-  assert summary["trainer_steps"] == 2 and summary["syncs"] == 1
-
-
 def test_grpo_baseline_smoke_runs_a_step(tmp_path):
+  """configs/arithmetic.py:smoke with the GRPO loss; OAPL runs end to end in loop_test, the notebook's
+  test and the multi-process tests."""
   c = importlib.import_module("configs.arithmetic").get_config("grpo,smoke")
   assert c.trainer.loss == "grpo"
-  loop.train(loop.setup(c, str(tmp_path)))
+  summary = loop.train(loop.setup(c, str(tmp_path)))
+  assert summary["trainer_steps"] == 2 and summary["syncs"] == 1
   with open(tmp_path / "metrics.jsonl") as f:
     history = [json.loads(line) for line in f]
   clip = [h["train/clip_fraction"] for h in history if "train/clip_fraction" in h]
