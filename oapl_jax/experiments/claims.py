@@ -29,6 +29,8 @@ steps: 64 prompts x 4 samples; at the end 64 val prompts x 16 and 128 test promp
 ~2 s setup (one process, the persistent compile cache) = ~90 s, so ~85 min for 56 runs, plus the warm
 start (300 steps, ~4 min) once. On an idle machine it is about half. Runs go in the order tuning,
 then seed 0 of every cell, then seeds 1 and 2, so a study cut short still reports every cell.
+Budget (chain): the same 56 runs with 50-59-token responses took 78-208 s each here (~85 s alone on the
+machine, more beside other jobs): 6150 s in all, including a 238 s warm start (250 steps).
 Resumable: a run with final_eval.json is skipped; an unfinished one resumes from its last checkpoint.
 """
 from __future__ import annotations
