@@ -91,12 +91,11 @@ def _worker(port: int, num_processes: int, process_id: int, workdir: str, result
     write_scalars(self, step, metrics)
 
   reporting.Reporter.scalars = scalars
-  start = time.perf_counter()
   summary = loop.train(loop.setup(loop_config(), workdir))
   writes.on = False
   transfers = _check_transfers()
   with open(os.path.join(results, f"process{process_id}.json"), "w") as f:
-    json.dump({"logged": logged, "writes": writes.paths, "pid": os.getpid(), "transfers": transfers, "seconds": time.perf_counter() - start,
+    json.dump({"logged": logged, "writes": writes.paths, "pid": os.getpid(), "transfers": transfers,
                "summary": {k: v for k, v in summary.items() if k != "paths"}}, f)
   if num_processes > 1:
     jax.distributed.shutdown()
