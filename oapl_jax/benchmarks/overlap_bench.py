@@ -41,16 +41,11 @@ def load_config(spec: str, sampler_devices: int, num_syncs: int):
 
 def run_once(cfg, inline: bool, root: str) -> dict:
   workdir = tempfile.mkdtemp(dir=root)
-  original = loop.rollouts_inline
-  loop.rollouts_inline = lambda layout: inline
-  try:
-    run = loop.setup(cfg, workdir)
-    start = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
-      loop.train(run)
-    seconds = time.perf_counter() - start
-  finally:
-    loop.rollouts_inline = original
+  run = loop.setup(cfg, workdir)
+  start = time.perf_counter()
+  with contextlib.redirect_stdout(io.StringIO()):
+    loop.train(run, inline_rollouts=inline)
+  seconds = time.perf_counter() - start
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     history = [json.loads(line) for line in f]
   total = lambda key: sum(h.get(key, 0.0) for h in history)  # noqa: E731

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -179,13 +179,15 @@ def rollouts_inline(sampler_layout: parallel.Layout) -> bool:
   return jax.process_count() > 1 and sampler_layout.platform == "cpu"
 
 
-def train(run: Run, on_window=None) -> dict:
+def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None) -> dict:
   """Runs the remaining sync windows; returns the final summary (also written to the workdir).
-  on_window(progress: dict), if given, is called after every window (e.g. a notebook redraws its curve)."""
+  on_window(progress: dict), if given, is called after every window (e.g. a notebook redraws its curve).
+  inline_rollouts: rollouts in the trainer's thread (True) or their own (False); None: `rollouts_inline`."""
   cfg, loop, schedule = run.cfg, run.cfg.loop, run.schedule
   worker = RolloutWorker(run.sampler, run.task, run.buffer, schedule, run.rollout_settings,
                          group_size=loop.group_size, seed=cfg.seed, eval_fn=lambda step: _evaluate(run, step),
-                         monitors=run.monitor.config, inline=rollouts_inline(run.sampler.layout))
+                         monitors=run.monitor.config,
+                         inline=rollouts_inline(run.sampler.layout) if inline_rollouts is None else inline_rollouts)
   worker.start()
   meta, state = run.meta, run.state
   first_sync = meta.syncs_done
