@@ -1,6 +1,6 @@
-"""One run of the claims study (oapl_jax/experiments/claims.py): a task, its model and the RL budget.
+"""One run of the claims study (experiments/claims.py): a task, its model and the RL budget.
 
-  python -m oapl_jax.experiments.claims --task arithmetic --out reports/claims_arithmetic   # the whole study
+  python -m experiments.study --task arithmetic --out reports/claims_arithmetic   # the whole study
   python -m oapl_jax.main --config configs/claims.py:arithmetic --workdir runs/x \
       --config.model.checkpoint=runs/claims_arithmetic/warmstart --config.warmstart.steps=0 \
       --config.trainer.loss=grpo --config.loop.sync_every=10 --config.loop.num_syncs=20     # one of its runs
@@ -32,7 +32,7 @@ def _arithmetic_demo_config() -> ConfigDict:
 
 def _split(base: ConfigDict, num_val: int, num_test: int) -> ConfigDict:
   """The task section of experiments/split_task.py around a base task section."""
-  return ConfigDict(dict(name="oapl_jax.experiments.split_task:from_config", base=base, num_val=num_val,
+  return ConfigDict(dict(name="experiments.split_task:from_config", base=base, num_val=num_val,
                          num_test=num_test))
 
 

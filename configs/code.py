@@ -1,9 +1,9 @@
 """The paper's code setting (OAPL §5.2): DeepSeek-R1-Distill-Qwen-14B on DeepCoder's problems, offline in
 two stages, eval on LiveCodeBench.
 
-  python -m oapl_jax.rl.offline run --config configs/code.py --workdir /runs/oapl-code \
+  python -m oapl_jax.apps.offline run --config configs/code.py --workdir /runs/oapl-code \
     --config.model.checkpoint=/ckpt/DeepSeek-R1-Distill-Qwen-14B --config.task.tokenizer_dir=/ckpt/DeepSeek-R1-Distill-Qwen-14B
-  python -m oapl_jax.rl.offline run --config configs/code.py:smoke --workdir /tmp/code_smoke   # CPU, minutes
+  python -m oapl_jax.apps.offline run --config configs/code.py:smoke --workdir /tmp/code_smoke   # CPU, minutes
   (or stage by stage: `generate --stage 1`, `train --offline --stage 1`, `generate --stage 2`, ...)
 
 Paper: stage 1 generates 8 responses for every DeepCoder training prompt with the initial model, drops

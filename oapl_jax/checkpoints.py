@@ -40,6 +40,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from oapl_jax import sections
+
 RECORD = "file_record.json"  # <step>/file_record.json: every file's size and crc32, written after commit
 DAMAGED_DIR = "damaged"
 REASON_SUFFIX = ".reason.txt"  # damaged/<step>-<kind>.reason.txt: why it was moved aside
@@ -365,3 +367,13 @@ class Checkpointer:
 def abstract_like(state: Any) -> Any:
   """ShapeDtypeStructs (with shardings) of a live state: the restore target."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  """The `checkpoint` section: save every `every_syncs` windows (and at the end), keep the newest max_to_keep."""
+  every_syncs: int = sections.rule(1, low=1)
+  max_to_keep: int = sections.rule(3, low=1)
+
+  def __post_init__(self):
+    sections.enforce(self)

@@ -41,6 +41,7 @@ from oapl_jax import parallel
 from oapl_jax.models import api, factory
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import make_optimizer
+from oapl_jax.run import assemble, schema
 from oapl_jax.sampler import core
 
 GIB, PROGRAMS = 1024 ** 3, ("train_step", "prefill", "insert", "decode")
@@ -116,19 +117,19 @@ def topology_devices(topology: Topology) -> list:
 
 
 # ------------------------------------------------------------------------------ the run's own factories
-def _model(cfg_model, num_layers: int = 0) -> api.CausalLM:
+def _model(rc: schema.RunConfig, num_layers: int = 0) -> api.CausalLM:
   """The run's model, no weights (a checkpoint not on this host is read as the preset it is named after);
   num_layers > 0 cuts it to that many layers, a cheap probe of memory = fixed + per_layer * L."""
   if num_layers < 0:
     raise ValueError(f"num_layers={num_layers} must be >= 0 (0: the model's own)")
-  model = factory.model_from_config(cfg_model, preset_when_absent=True)
+  model = factory.model_of(rc.model, preset_when_absent=True)
   return api.for_config(model.config.replace(num_layers=num_layers)) if num_layers else model
 
 
-def _placement(cfg_mesh, devices) -> parallel.Placement:
-  """As the run places its two sides (parallel.placement_from_config), over the topology's devices."""
+def _placement(rc: schema.RunConfig, devices) -> parallel.Placement:
+  """As the run places its two sides (assemble.placement), over the topology's devices."""
   try:
-    return parallel.placement_from_config(cfg_mesh, devices)
+    return assemble.placement(rc, devices)
   except ValueError as e:
     slices = len({getattr(d, "slice_index", 0) for d in devices})
     hint = (f"; this topology has {slices} slices: e.g. --config.mesh.trainer_dcn='(-1, 1, 1)' "
@@ -136,26 +137,9 @@ def _placement(cfg_mesh, devices) -> parallel.Placement:
     raise ValueError(f"the config's mesh section does not fit {len(devices)} devices: {e}{hint}") from e
 
 
-def _train_step(cfg, model, layout: parallel.Layout):
-  """(jitted train step, its TrainConfig), as loop.setup builds them."""
-  train_cfg = dataclasses.replace(trainer.TrainConfig.from_config(cfg.trainer), temperature=cfg.sampler.temperature)
-  return trainer.make_train_step(train_cfg, model, layout, cfg.loop.batch_prompts), train_cfg
-
-
-def _sampler(cfg, model, layout: parallel.Layout) -> core.Sampler:
-  """The run's sampler: its dtype, slots, prompt bucket and the longest generation it serves."""
-  sampler_model = model.with_dtypes(param_dtype=cfg.sampler.dtype, dtype=cfg.sampler.dtype, remat=False)
-  return core.Sampler(sampler_model, layout=layout, num_slots=cfg.sampler.num_slots,
-                      max_prefill_length=cfg.sampler.max_prefill_length,
-                      max_new_tokens=max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens))
-
-
-def seq_len_of(cfg) -> int:
-  """The trainer's sequence length with the longest prompt at max_prefill_length: as loop.setup computes it
-  (its buffer also fits eval's lengths), or for an offline config (an `offline` section, rl/offline.py) from
-  the rollouts' own budget, sampler.max_new_tokens (configs/code.py: 36095, not eval's 69631)."""
-  new_tokens = cfg.sampler.max_new_tokens if "offline" in cfg else max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens)
-  return cfg.sampler.max_prefill_length + new_tokens - 1
+def seq_len_of(rc: schema.RunConfig) -> int:
+  """The trainer's T with the longest prompt at max_prefill_length (assemble.seq_len: the run's one rule)."""
+  return assemble.seq_len(rc, rc.sampler.max_prefill_length)
 
 
 # ------------------------------------------------------------------------------ abstract inputs
@@ -293,7 +277,8 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
   if set(programs) - set(PROGRAMS):
     raise ValueError(f"unknown programs {sorted(set(programs) - set(PROGRAMS))}; known: {PROGRAMS}")
   topo = parse_topology(topology)
-  model, placement = _model(cfg.model, num_layers), _placement(cfg.mesh, topology_devices(topo))
+  cfg = cfg if isinstance(cfg, schema.RunConfig) else schema.from_config(cfg)
+  model, placement = _model(cfg, num_layers), _placement(cfg, topology_devices(topo))
   loop, T, M = cfg.loop, seq_len or seq_len_of(cfg), cfg.trainer.micro_batches
   layout = {"batch_prompts": loop.batch_prompts, "group_size": loop.group_size, "seq_len": T, "micro_batches": M,
             "trainer_mesh": dict(placement.trainer.mesh.shape), "sampler_mesh": dict(placement.sampler.mesh.shape),
@@ -312,13 +297,14 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
 
   if "train_step" in programs:
     def build_train_step():
-      step, train_cfg = _train_step(cfg, model, placement.trainer)
+      train_cfg = assemble.train_config(cfg)
+      step = trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts)
       return step, train_inputs(train_cfg, model, placement.trainer, loop.batch_prompts, loop.group_size, T)
     report("train_step", compile_memory(build_train_step))
   sampler_programs = [name for name in PROGRAMS[1:] if name in programs]
   if sampler_programs:
     try:
-      sampler = _sampler(cfg, model, placement.sampler)
+      sampler = assemble.build_sampler(cfg, model, placement.sampler)
       jitted = {"prefill": sampler._prefill, "insert": sampler._insert, "decode": sampler._decode}
       inputs = sampler_inputs(sampler, prefill_rows=core.pow2(-(-sampler.num_slots // loop.group_size)))
       for name in sampler_programs:

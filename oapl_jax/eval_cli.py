@@ -12,6 +12,7 @@ tfds:NAME/SPLIT). Writes eval.json and eval.md into --out (default RUN_DIR/eval/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -19,10 +20,8 @@ import sys
 import time
 from typing import Sequence
 
-from oapl_jax import evaluation, export, parallel, run_dir
-from oapl_jax.rl import loop
-from oapl_jax.sampler import core
-from oapl_jax.tasks.factory import build_task
+from oapl_jax import evaluation, export, run_dir
+from oapl_jax.run import assemble, files, schema
 
 
 def _source_kind(path: str) -> str:
@@ -48,9 +47,7 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
 
 def load_config(source: str, kind: str, config_spec: str | None):
   if config_spec:
-    from oapl_jax import sweep  # pylint: disable=import-outside-toplevel
-    module, arg = sweep.load_config_module(config_spec)
-    cfg = module.get_config(arg) if arg else module.get_config()
+    cfg = files.load(config_spec)
   elif kind == "run":
     cfg = run_dir.load_config(source)
   else:
@@ -72,24 +69,25 @@ def evaluate_source(source: str, *, config_spec: str | None = None, step: int | 
       raise ValueError(f"--sets: task {cfg.task.name!r} takes no eval_paths (its eval sets are built in); "
                        f"drop --sets to use them")
     cfg.task.eval_paths = dict(sets)
-  task = build_task(cfg.task)
+  rc = schema.from_config(cfg)
+  samples = samples or rc.eval.samples
+  ks = tuple(k for k in (ks or rc.eval.ks) if k <= samples)  # those that `samples` allows
+  rc = dataclasses.replace(rc, eval=dataclasses.replace(rc.eval, samples=samples, ks=ks,
+                                                        num_prompts=num_prompts or rc.eval.num_prompts))
+  task = assemble.build_task(rc)
   try:
-    _, settings = loop.sampling_settings(cfg, task)
+    _, settings = assemble.sampling(rc, task)
     settings = settings.replace(**{k: v for k, v in sampling.items() if v is not None})
-    samples = samples or cfg.eval.samples
-    ks = tuple(k for k in (ks or cfg.eval.ks) if k <= samples)
-    num_prompts = num_prompts or cfg.eval.num_prompts
-    seed = cfg.seed + 7919 if seed is None else seed  # the loop's eval seed by default
-    placement = parallel.placement_from_config(cfg.mesh)
-    model = export.model_of(cfg).with_dtypes(param_dtype=cfg.sampler.dtype, dtype=cfg.sampler.dtype)
-    longest = max(len(p.prompt_tokens) for problems in task.eval_sets.values() for p in problems[:num_prompts])
-    sampler = core.Sampler(model, layout=placement.sampler, num_slots=cfg.sampler.num_slots,
-                           max_prefill_length=max(cfg.sampler.max_prefill_length, longest),
-                           max_new_tokens=settings.max_new_tokens)
-    report = {"source": os.path.abspath(source), "kind": kind, "task": cfg.task.name, "samples": samples,
-              "ks": list(ks), "seed": seed, "settings": {k: v for k, v in vars(settings).items()}}
+    seed = assemble.eval_seed(rc) if seed is None else seed  # the loop's eval seed by default
+    layouts = assemble.placement(rc)
+    model = export.model_of(rc)
+    longest = max(len(p.prompt_tokens) for problems in task.eval_sets.values() for p in problems[:rc.eval.num_prompts])
+    sampler = assemble.build_sampler(rc, model, layouts.sampler, max_prefill_length=max(
+        rc.sampler.max_prefill_length, longest), max_new_tokens=settings.max_new_tokens)
+    report = {"source": os.path.abspath(source), "kind": kind, "task": task.name, "samples": rc.eval.samples,
+              "ks": list(rc.eval.ks), "seed": seed, "settings": {k: v for k, v in vars(settings).items()}}
     if kind == "run":
-      weights = export.read_params(source, step, cfg)
+      weights = export.read_params(source, step, rc)
       sampler.refresh(weights.params)
       report.update(step=weights.step, syncs_done=weights.meta.syncs_done)
     else:
@@ -97,9 +95,9 @@ def evaluate_source(source: str, *, config_spec: str | None = None, step: int | 
     report["sets"] = {}
     for name, problems in task.eval_sets.items():
       start = time.perf_counter()
-      metrics = evaluation.evaluate(sampler, sampler.params, task, problems[:num_prompts], samples=samples, ks=ks,
-                                    settings=settings, seed=seed)
-      report["sets"][name] = {"prompts": len(problems[:num_prompts]), **metrics,
+      (metrics,) = evaluation.evaluate_sets(sampler, sampler.params, task, {name: problems}, rc.eval, settings,
+                                            seed).values()
+      report["sets"][name] = {"prompts": len(problems[:rc.eval.num_prompts]), **metrics,
                               "seconds": round(time.perf_counter() - start, 2)}
     return report
   finally:

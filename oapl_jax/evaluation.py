@@ -1,12 +1,40 @@
 """Evaluation: the unbiased pass@k estimator (Chen et al. 2021, arXiv 2107.03374) and eval runs."""
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from oapl_jax import sections
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
+
+SEED_OFFSET = 7919  # an eval's sampling seed is the run's seed + this (apart from the rollouts' draws)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """The `eval` section: the first num_prompts of each of the task's eval sets, `samples` per prompt,
+  pass@k for each k in ks, at these sampling settings (the paper's: T 0.6, top-p 0.95)."""
+  num_prompts: int = sections.rule(1_000_000, low=1)
+  samples: int = sections.rule(10, low=1)
+  ks: tuple[int, ...] = sections.rule((1, 5, 10), low=1, nonempty=True)
+  temperature: float = sections.rule(0.6, low=0)
+  top_p: float = sections.rule(0.95, low=0, high=1, low_open=True)
+  max_new_tokens: int = sections.rule(1024, low=1)
+  top_k: int = sections.rule(0, low=0)
+  steps_per_sync: int = sections.rule(16, low=1)
+  grow_cache: bool = True
+
+  def __post_init__(self):
+    sections.enforce(self)
+    if max(self.ks) > self.samples:
+      raise ValueError(f"eval.ks={self.ks}: pass@k needs k <= eval.samples={self.samples}")
+
+  def sampling(self, stop_tokens=()) -> SamplingSettings:
+    return SamplingSettings(self.max_new_tokens, self.temperature, self.top_p, self.top_k, stop_tokens,
+                            self.steps_per_sync, self.grow_cache)
 
 
 def _pass_at_k_P(n: int, c_P: np.ndarray, k: int) -> np.ndarray:
@@ -41,6 +69,13 @@ def pass_at_k_mean(correct_counts_P: Sequence[int] | np.ndarray, n: int,
   if c_P.size == 0:
     raise ValueError("correct_counts_P is empty")
   return {f"pass@{k}": float(np.mean(_pass_at_k_P(n, c_P, k))) for k in ks}
+
+
+def evaluate_sets(sampler, params, task, eval_sets: Mapping[str, Sequence], config: EvalConfig,
+                  settings: SamplingSettings, seed: int) -> dict[str, dict[str, float]]:
+  """`evaluate` on the first config.num_prompts of each named set: {set name: metrics}."""
+  return {name: evaluate(sampler, params, task, problems[:config.num_prompts], samples=config.samples, ks=config.ks,
+                         settings=settings, seed=seed) for name, problems in eval_sets.items()}
 
 
 def evaluate(sampler, params, task, problems: Sequence, *, samples: int, ks: Sequence[int],

@@ -28,13 +28,14 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from oapl_jax import checkpoints, run_dir
+from oapl_jax.run import files, schema
 from oapl_jax.models import api, factory, hf
 
 
 @dataclasses.dataclass
 class RunWeights:
   """The trained params of one checkpoint of a run (host numpy, training layout) and what made them."""
-  cfg: Any  # the run's config (ConfigDict)
+  cfg: Any  # the run's config (run/schema.RunConfig)
   model: api.CausalLM
   params: Any
   step: int
@@ -42,8 +43,8 @@ class RunWeights:
 
 
 def model_of(cfg) -> api.CausalLM:
-  """The run's model (architecture and dtypes) without weights."""
-  return factory.model_from_config(cfg.model)
+  """The run's model (architecture and execution) without weights."""
+  return factory.model_of(cfg.model)
 
 
 def resolve_step(checkpoint_dir: str, step: Optional[int]) -> int:
@@ -60,7 +61,7 @@ def resolve_step(checkpoint_dir: str, step: Optional[int]) -> int:
 def read_params(run: str, step: Optional[int] = None, cfg=None) -> RunWeights:
   """Params of checkpoint `step` (default: the newest) of run directory `run`, checked against the
   run's model (names, shapes, dtypes) before any array is read."""
-  cfg = cfg if cfg is not None else run_dir.load_config(run)
+  cfg = schema.from_config(cfg if cfg is not None else run_dir.load_config(run))
   model = model_of(cfg)
   directory = os.path.join(run, "checkpoints")
   step = resolve_step(directory, step)
@@ -78,9 +79,14 @@ def read_params(run: str, step: Optional[int] = None, cfg=None) -> RunWeights:
   return RunWeights(cfg, model, jax.tree.map(np.asarray, restored["params"]), step, meta)
 
 
+def _task_field(cfg, name: str) -> Any:
+  """A field of the run's task section (typed settings, or a plain dict for an import-path task)."""
+  return cfg.task.get(name, "") if isinstance(cfg.task, dict) else getattr(cfg.task, name, "")
+
+
 def tokenizer_source(cfg) -> Optional[str]:
   """The directory whose HF tokenizer files the run's prompts were encoded with, or None."""
-  for where in (cfg.task.get("tokenizer_dir", ""), cfg.model.checkpoint):
+  for where in (_task_field(cfg, "tokenizer_dir"), cfg.model.checkpoint):
     if where and os.path.isdir(os.path.expanduser(where)) and hf.tokenizer_files(os.path.expanduser(where)):
       return os.path.expanduser(where)
   return None
@@ -88,9 +94,9 @@ def tokenizer_source(cfg) -> Optional[str]:
 
 def run_tokenizer(cfg):
   """The tokenizer the run's task used (the chat task's is its tokenizer_dir's; any other task is built)."""
-  if cfg.task.get("tokenizer_dir", ""):
+  if _task_field(cfg, "tokenizer_dir"):
     from oapl_jax.tasks.templates import ChatTokenizer  # pylint: disable=import-outside-toplevel
-    return ChatTokenizer(os.path.expanduser(cfg.task.tokenizer_dir))
+    return ChatTokenizer(os.path.expanduser(_task_field(cfg, "tokenizer_dir")))
   from oapl_jax.tasks.factory import build_task  # pylint: disable=import-outside-toplevel
   task = build_task(cfg.task)
   task.close()
@@ -110,7 +116,7 @@ def generation_fields(cfg, token_ids: hf.TokenIds, source: Optional[str]) -> dic
   if keep_list:
     fields["eos_token_id"] = eos
   fields.update(do_sample=e.temperature > 0, temperature=e.temperature, top_p=e.top_p,
-                top_k=int(e.get("top_k", 0)), max_new_tokens=e.max_new_tokens)  # top_k 0: off (HF's default is 50)
+                top_k=e.top_k, max_new_tokens=e.max_new_tokens)  # top_k 0: off (HF's default is 50)
   return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -147,11 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--config", default=None,
                       help="FILE.py[:ARG]: the run's config, for run directories without config.json")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  cfg = None
-  if args.config:
-    from oapl_jax import sweep  # pylint: disable=import-outside-toplevel
-    module, arg = sweep.load_config_module(args.config)
-    cfg = module.get_config(arg) if arg else module.get_config()
+  cfg = files.load(args.config) if args.config else None
   info = export(args.run_dir, args.out_dir, args.step, cfg)
   print(f"exported step {info['step']} ({info['syncs_done']} sync windows) of {info['run_dir']} to {args.out_dir}")
   print(f"  token ids: {info['token_ids']}")

@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from oapl_jax import sections
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical name -> mesh axis (or tuple of axes, or None = replicated).
@@ -331,19 +333,44 @@ def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, l
           [d for ds in by_process.values() for d in ds[split:]])
 
 
-def placement_from_config(cfg: Mapping[str, Any], devices: Optional[Sequence[Any]] = None) -> Placement:
-  """The `mesh` config section -> Placement.
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """The `mesh` section: ici sizes within a slice and dcn sizes across slices for MESH_AXES, one -1 per
+  list fills; sampler_devices > 0 gives the sampler its own devices (`split_devices`); rules override
+  DEFAULT_RULES by logical name (None, a mesh axis or a list of them)."""
+  trainer_ici: tuple[int, int, int] = (1, -1, 1)
+  trainer_dcn: tuple[int, int, int] = (-1, 1, 1)
+  sampler_ici: tuple[int, int, int] = (1, -1, 1)
+  sampler_dcn: tuple[int, int, int] = (-1, 1, 1)
+  sampler_devices: int = sections.rule(0, low=0)
+  rules: dict = dataclasses.field(default_factory=dict)
 
-  cfg: trainer_ici / sampler_ici (and trainer_dcn / sampler_dcn) sizes in MESH_AXES order (-1 fills),
-  sampler_devices (0: the sampler shares the trainer's devices; n > 0: see `split_devices`), rules
-  (overrides of DEFAULT_RULES).
-  """
-  rules = rules_from_config(cfg.get("rules"))
+  def __post_init__(self):
+    sections.enforce(self)
+    problems = []
+    for side in ("trainer", "sampler"):
+      for kind in ("ici", "dcn"):
+        sizes = getattr(self, f"{side}_{kind}")
+        if any(s < 1 and s != -1 for s in sizes) or list(sizes).count(-1) > 1:
+          problems.append(f"mesh.{side}_{kind}={tuple(sizes)}: must be 3 sizes for {MESH_AXES}, each >= 1 or one "
+                          "-1 (fill)")
+    for name, axes in self.rules.items():
+      listed = (axes,) if isinstance(axes, str) or axes is None else tuple(axes) if isinstance(axes, (list, tuple)) \
+          else ()
+      if not listed or any(a is not None and a not in MESH_AXES for a in listed):
+        problems.append(f"mesh.rules.{name}={axes!r}: must be None, one of {MESH_AXES} or a list of them")
+    if problems:
+      raise ValueError("; ".join(problems))
+
+
+def placement_from_config(cfg: MeshConfig, devices: Optional[Sequence[Any]] = None) -> Placement:
+  """The `mesh` section -> Placement over `devices` (default: all)."""
+  rules = rules_from_config(cfg.rules)
   trainer_devices, sampler_devices = split_devices(devices if devices is not None else jax.devices(),
-                                                   int(cfg.get("sampler_devices", 0)))
+                                                   cfg.sampler_devices)
 
   def layout(side, side_devices):
-    mesh = make_mesh(tuple(cfg[f"{side}_ici"]), tuple(cfg.get(f"{side}_dcn", (1, 1, 1))), devices=side_devices)
+    mesh = make_mesh(getattr(cfg, f"{side}_ici"), getattr(cfg, f"{side}_dcn"), devices=side_devices)
     return Layout(mesh, rules)
 
   return Placement(layout("trainer", trainer_devices), layout("sampler", sampler_devices))

@@ -29,7 +29,8 @@ import grpc
 import jax
 from ml_collections import ConfigDict
 
-from oapl_jax import export, parallel, run_dir, sweep
+from oapl_jax import export, parallel, run_dir
+from oapl_jax.run import files
 from oapl_jax.sampler import jetstream_compat  # noqa: F401  (must precede jetstream.core)
 from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine, load_tokenizer
 from oapl_jax.sampler.settings import SamplingSettings
@@ -77,10 +78,7 @@ def is_run_dir(path: str) -> bool:
 def run_config(run: str, config_file: Optional[str] = None) -> ConfigDict:
   """The run's config: get_config(arg) of `config_file` ("configs/X.py[:arg]") if given, else the one
   the run recorded (RUN_DIR/config.json)."""
-  if config_file:
-    module, arg = sweep.load_config_module(config_file)
-    return module.get_config(arg) if arg else module.get_config()
-  return run_dir.load_config(run)
+  return files.load(config_file) if config_file else run_dir.load_config(run)
 
 
 def _run_engine(args: argparse.Namespace, settings: SamplingSettings, **engine_kwargs) -> SamplerEngine:
@@ -89,13 +87,14 @@ def _run_engine(args: argparse.Namespace, settings: SamplingSettings, **engine_k
   stops at the run's EOS (unless --stop_tokens says otherwise)."""
   cfg = run_config(args.checkpoint, args.config)
   weights = export.read_params(args.checkpoint, args.step, cfg)  # params only, no optimizer state
+  cfg = weights.cfg  # typed (run/schema.RunConfig)
   source = export.tokenizer_source(cfg)
   tokenizer = load_tokenizer(source) if source else None
   if tokenizer is None and not settings.stop_tokens:
     settings = settings.replace(stop_tokens=(export.run_tokenizer(cfg).eos_id,))
   logging.warning("oapl-serve: %s, checkpoint step %d (%d sync windows), tokenizer: %s", args.checkpoint,
                   weights.step, weights.meta.syncs_done, source or f"none (token ids; stops at {settings.stop_tokens})")
-  model = weights.model.with_dtypes(param_dtype=args.dtype, dtype=args.dtype)
+  model = weights.model.with_execution(param_dtype=args.dtype, dtype=args.dtype, remat=False)
   return SamplerEngine(model, params=weights.params, tokenizer=tokenizer, settings=settings, **engine_kwargs)
 
 

@@ -23,7 +23,7 @@ import copy
 import csv
 import dataclasses
 import hashlib
-import importlib.util
+
 import itertools
 import json
 import math
@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 from typing import Any, Sequence
+
+from oapl_jax.run import files
 
 RUN_RECORD = "sweep_run.json"  # per run directory: status, return code, wall seconds summed over starts
 
@@ -90,38 +92,19 @@ class PlannedRun:
     return [f"--{key}={flag_value(value)}" for key, value in self.overrides.items()]
 
 
-def load_config_module(config_spec: str):
-  """(module, arg) for 'path/to/file.py[:arg]', loaded like ml_collections' config_flags does."""
-  path, _, arg = config_spec.partition(":")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"--config {config_spec}: {path} is not a file")
-  spec = importlib.util.spec_from_file_location("_sweep_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module, arg
-
-
 def _check_fields(config, overrides: dict, config_spec: str) -> None:
   """Each key names a leaf of the config, and its value fits that field's type (ml_collections' check)."""
   config = copy.deepcopy(config)
   for key, value in overrides.items():
-    *parents, leaf = key.split(".")[1:]
-    node = config
-    for part in parents + [leaf]:
-      try:
-        parent, node = node, node[part]
-      except (KeyError, TypeError, AttributeError):
-        raise ValueError(f"get_hyper of {config_spec}: {key!r} is not a field of the config "
-                         f"(no {part!r} there)") from None
     try:
-      parent[leaf] = value
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"get_hyper of {config_spec}: {key}={value!r} does not fit the field: {e}") from None
+      files.override(config, key, value)
+    except ValueError as e:
+      raise ValueError(f"get_hyper of {config_spec}: {e}") from None
 
 
 def plan(config_spec: str, workdir: str) -> list[PlannedRun]:
   """Expands the config file's get_hyper into runs (fields checked against get_config(arg))."""
-  module, arg = load_config_module(config_spec)
+  module, arg = files.load_module(config_spec)
   if not hasattr(module, "get_hyper"):
     raise ValueError(f"{config_spec}: the config file defines no get_hyper(h); nothing to sweep")
   points = module.get_hyper(Hyper())

@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from oapl_jax import validation
+from oapl_jax import sections
+from oapl_jax.run import check
+from oapl_jax.tasks import problem_checks
 from oapl_jax.rl import loop
 from tests.hf_fixtures import make_chat_tokenizer, make_hf_checkpoint
 
@@ -43,7 +45,7 @@ def test_math_config_is_the_papers_setting():
 def test_missing_paths_name_the_config_field(tmp_path):
   c = importlib.import_module("configs.math").get_config("smoke")
   c.model.checkpoint = str(tmp_path / "nope")
-  with pytest.raises(validation.ConfigError, match="model.checkpoint=.*nope': not a directory") as raised:
+  with pytest.raises(sections.ConfigError, match="model.checkpoint=.*nope': not a directory") as raised:
     loop.setup(c, str(tmp_path / "run"))  # every missing path at once, before anything is built
   assert any(p.startswith("task.tokenizer_dir=") for p in raised.value.problems)
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from oapl_jax.experiments import claims, claims_report
+from experiments import claims, claims_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,7 +18,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _run(out, runs):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count=8", "")  # 1 device
-  return subprocess.run([sys.executable, "-m", "oapl_jax.experiments.claims", "--task", "arithmetic", "--smoke",
+  return subprocess.run([sys.executable, "-m", "experiments.study", "--task", "arithmetic", "--smoke",
                          "--out", str(out), "--runs", str(runs)], cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=900)
 

@@ -1,6 +1,6 @@
 """Property-based fuzzing (hypothesis) of the data loaders, the config validation and the reward wrappers.
 
-Every generated case must end in a clear error of our own type (sources.DataError, validation.ConfigError)
+Every generated case must end in a clear error of our own type (sources.DataError, sections.ConfigError)
 or a counted, logged fallback: never a traceback from inside a library, never a late error. The reward gaps
 it found (at the end) are fixed in tasks/rewards.py.
 """
@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from configs import arithmetic
-from oapl_jax import parallel, validation
+from oapl_jax import parallel, sections
+from oapl_jax.run import check
 from oapl_jax.models import config as model_config
 from oapl_jax.rl import trainer
 from oapl_jax.rl.schedule import WindowSchedule
@@ -226,8 +227,8 @@ def test_config_validation_reports_every_bad_field_and_nothing_fails_later(chang
     section[last] = value
   final = dict(changes)  # a field changed twice keeps its last value
   try:
-    result = validation.validate_config(cfg)
-  except validation.ConfigError as e:
+    result = check.validate(cfg)
+  except sections.ConfigError as e:
     assert e.problems and str(e).startswith(f"{len(e.problems)} problem(s) in the config:")
     for path, value in final.items():
       if not SPEC[path](value):

@@ -302,14 +302,14 @@ def test_settings_reject_bad_values(kind, field, value, message):
 
 
 def test_settings_from_config():
-  assert obj.settings_from_config("oapl", {"beta1": 0.5, "beta2": 0.5}) == obj.OAPLSettings(0.5, 0.5, False)
-  assert obj.settings_from_config("grpo_onpolicy", None) == obj.GRPOSettings()
-  assert obj.settings_from_config("opmd", {"baseline": "logmeanexp"}).tau == 1.0
-  assert obj.settings_from_config("m2po").budget == 0.04 and obj.AsymRESettings().shift == -0.1
+  assert obj.build_settings("oapl", {"beta1": 0.5, "beta2": 0.5}) == obj.OAPLSettings(0.5, 0.5, False)
+  assert obj.build_settings("grpo_onpolicy", None) == obj.GRPOSettings()
+  assert obj.build_settings("opmd", {"baseline": "logmeanexp"}).tau == 1.0
+  assert obj.build_settings("m2po").budget == 0.04 and obj.AsymRESettings().shift == -0.1
   with pytest.raises(ValueError, match=r"loss 'oapl': unknown setting\(s\) \['clip_eps'\]; OAPLSettings takes"):
-    obj.settings_from_config("oapl", {"beta1": 1.0, "clip_eps": 0.2})
+    obj.build_settings("oapl", {"beta1": 1.0, "clip_eps": 0.2})
   with pytest.raises(ValueError, match="unknown loss 'ppo'"):
-    obj.settings_from_config("ppo", {})
+    obj.build_settings("ppo", {})
   assert {n: s.needs_groups for n, s in obj.LOSSES.items()}["sft"] is False
 
 
@@ -348,7 +348,7 @@ def test_padding_values_change_neither_loss_nor_gradient(name):
   policy, batch = _random_batch(12, b=3, g=4, t=7, with_old=True)
   batch["sampler_token_logp"] = policy + np.random.RandomState(13).randn(*policy.shape).astype(np.float32)
   batch["old_policy_token_logp"] = policy + 0.3
-  settings = obj.settings_from_config(name, None)
+  settings = obj.build_settings(name, None)
   f = jax.jit(jax.value_and_grad(lambda p, bt: obj.compute_loss(name, p, bt, settings), has_aux=True))
   (loss, metrics), grad = f(jnp.asarray(np.where(batch["response_mask"] > 0, policy, 0.0)), batch)
   (loss_n, metrics_n), grad_n = f(*_nan_padded(policy, batch))
@@ -366,7 +366,7 @@ def test_float32_math_for_bfloat16_inputs(name):
   policy, batch = _random_batch(14, with_old=True)
   bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
   batch_bf16 = {k: (bf16(v) if k != "response_mask" else v) for k, v in batch.items()}
-  settings = obj.settings_from_config(name, None)
+  settings = obj.build_settings(name, None)
   loss, metrics = obj.compute_loss(name, bf16(policy), batch_bf16, settings)
   loss_32, _ = obj.compute_loss(name, np.asarray(bf16(policy), np.float32),
                                 {k: np.asarray(v, np.float32) for k, v in batch_bf16.items()}, settings)

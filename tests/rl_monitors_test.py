@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oapl_jax import objectives, parallel
-from oapl_jax.benchmarks import train_bench
+from benchmarks import train_bench
 from oapl_jax.models import api
 from oapl_jax.models.config import QwenConfig
 from oapl_jax.rl import trainer

@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from oapl_jax import config_base, validation
+from oapl_jax import config_base, sections
+from oapl_jax.run import check
 from oapl_jax.tasks import factory, records_task, rewards, sources
 from oapl_jax.tasks.char_tokenizer import EOS
 
@@ -110,23 +111,23 @@ def test_a_bad_reward_is_a_config_error_before_compute(data, reward, why):
   from configs import own_task  # pylint: disable=import-outside-toplevel
   cfg = own_task.get_config()
   cfg.task = _config(data, reward=reward)
-  with pytest.raises(validation.ConfigError, match=why):
-    validation.validate_config(cfg)
+  with pytest.raises(sections.ConfigError, match=why):
+    check.validate(cfg)
 
 
 def test_a_warm_start_without_demonstrations_is_a_config_error(data):
   from configs import own_task  # pylint: disable=import-outside-toplevel
   cfg = own_task.get_config()
   cfg.task = _config(data, demonstrations_path="")
-  with pytest.raises(validation.ConfigError, match="warmstart.steps=600: a warm start needs task.demonstrations_path"):
-    validation.validate_config(cfg)
+  with pytest.raises(sections.ConfigError, match="warmstart.steps=600: a warm start needs task.demonstrations_path"):
+    check.validate(cfg)
 
 
 def test_the_readme_own_task_example_builds_and_its_teacher_is_imperfect():
   """configs/own_task.py: a demonstration scores 1 under the task's own reward iff the teacher did not slip."""
   from configs import own_task  # pylint: disable=import-outside-toplevel
   cfg = own_task.get_config()
-  assert validation.validate_config(cfg) == []
+  assert check.validate(cfg) == []
   task = factory.build_task(cfg.task)
   assert (len(task.train), len(task.eval_sets["dev"]), len(task.eval_sets["test"])) == (2000, 200, 200)
   prompts = {p.prompt_tokens: p for p in task.train}

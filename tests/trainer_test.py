@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from oapl_jax import objectives, parallel
 from oapl_jax.models import api, qwen
 from oapl_jax.models.config import QwenConfig
-from oapl_jax.benchmarks import train_bench
+from benchmarks import train_bench
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig, make_schedule
 
@@ -129,7 +129,7 @@ def test_schedules():
     np.testing.assert_allclose(float(cosine(step)), want, rtol=1e-6, atol=1e-12, err_msg=f"step {step}")
   assert float(make_schedule(OptimConfig(lr=3e-4))(1234)) == pytest.approx(3e-4)
   with pytest.raises(ValueError, match="total_steps"):
-    OptimConfig(schedule="cosine")
+    make_schedule(OptimConfig(schedule="cosine"))
 
 
 def test_bf16_compute_keeps_float32_master_params():

@@ -7,11 +7,14 @@ import math
 import pytest
 
 from configs import arithmetic, gsm8k, math as math_config
-from oapl_jax import validation
+from oapl_jax import sections
+from oapl_jax.run import check, schema
+from oapl_jax.tasks import problem_checks
 from oapl_jax.models import config as model_config, hf
 from oapl_jax.tasks import arithmetic as arithmetic_task, factory, sources
 from oapl_jax.tasks.base import Problem
-from oapl_jax.validation import ConfigError, DataError
+from oapl_jax.sections import ConfigError
+from oapl_jax.tasks.sources import DataError
 
 
 def _set(cfg: dict, path: str, value) -> None:
@@ -37,15 +40,15 @@ def config_with(changes: dict, variant: str = "") -> dict:
 
 def problems_of(changes: dict, variant: str = "") -> list[str]:
   with pytest.raises(ConfigError) as info:
-    validation.validate_config(config_with(changes, variant))
+    check.validate(config_with(changes, variant))
   assert str(info.value).startswith(f"{len(info.value.problems)} problem(s) in the config:")
   return info.value.problems
 
 
 @pytest.mark.parametrize("variant", ["", "smoke", "grpo", "grpo,smoke"])
 def test_shipped_arithmetic_configs_pass(variant):
-  assert validation.validate_config(arithmetic.get_config(variant)) == []  # the ConfigDict itself
-  assert validation.validate_config(config_with({}, variant)) == []  # and as plain dicts
+  assert check.validate(arithmetic.get_config(variant)) == []  # the ConfigDict itself
+  assert check.validate(config_with({}, variant)) == []  # and as plain dicts
 
 
 # (changed field, value, the one message expected). The arithmetic config on 8 devices: B=16 prompts,
@@ -66,11 +69,11 @@ RULES = [
     ("trainer.micro_batches", 3, "loop.batch_prompts=16: must split into trainer.micro_batches=3 micro-batches"),
     ("trainer.loss_settings.oapl.beta1", 0.0, "trainer.loss_settings.oapl.beta1=0.0: OAPLSettings.beta1 must be > 0"),
     ("trainer.loss_settings.oapl.beta2", math.nan,
-     "trainer.loss_settings.oapl.beta2=nan: OAPLSettings.beta2 must be a finite"),
+     "trainer.loss_settings.oapl.beta2=nan: must be a finite number"),
     ("trainer.loss_settings.oapl.beta2", "1e-3",
-     "trainer.loss_settings.oapl.beta2='1e-3': OAPLSettings.beta2 must be a finite"),
+     "trainer.loss_settings.oapl.beta2='1e-3': must be a finite number"),
     ("trainer.loss_settings.oapl.beta3", 1.0,
-     "trainer.loss_settings.oapl.beta3=1.0: loss 'oapl': unknown setting(s) ['beta3']"),
+     "trainer.loss_settings.oapl.beta3: unknown setting; known: ['beta1', 'beta2', 'length_normalize']"),
     ("trainer.loss_settings.ppo", {}, "trainer.loss_settings.ppo: not a loss"),
     ("trainer.loss_config", {}, "trainer.loss_config: unknown setting"),
     ("trainer.optim.lr", math.nan, "trainer.optim.lr=nan: must be a finite number > 0"),
@@ -86,8 +89,7 @@ RULES = [
     ("warmstart.batch_size", 0, "warmstart.batch_size=0: must be >= 1"),
     ("warmstart.batch_size", 12, "warmstart.batch_size=12: must be a multiple of the 8 devices"),
     ("warmstart.optim.eps", 0.0, "warmstart.optim.eps=0.0: must be > 0"),
-    ("sampler.temperature", 0.0,
-     "sampler.temperature=0.0: must be > 0 (the trainer's log-probs use logits / temperature)"),
+    ("sampler.temperature", 0.0, "sampler.temperature=0.0: must be > 0"),
     ("sampler.temperature", -1.0, "sampler.temperature=-1.0: must be > 0"),
     ("sampler.top_p", 0.0, "sampler.top_p=0.0: must be in (0, 1]"),
     ("sampler.top_k", -1, "sampler.top_k=-1: must be >= 0"),
@@ -106,19 +108,19 @@ RULES = [
     ("checkpoint.every_syncs", 0, "checkpoint.every_syncs=0: must be >= 1"),
     ("checkpoint.max_to_keep", 0, "checkpoint.max_to_keep=0: must be >= 1"),
     ("mesh.trainer_ici", (1, 3, 1), "mesh.trainer_ici=(1, 3, 1): cannot tile the trainer's 8 device(s)"),
-    ("mesh.trainer_ici", (1, -1), "mesh.trainer_ici=(1, -1): must be 3 sizes for ('data', 'fsdp', 'tensor')"),
+    ("mesh.trainer_ici", (1, -1), "mesh.trainer_ici=(1, -1): must be 3 integers"),
     ("mesh.sampler_ici", (-1, -1, 1), "mesh.sampler_ici=(-1, -1, 1): must be 3 sizes"),
     ("mesh.sampler_devices", 8, "mesh.sampler_devices=8: must be in [0, 7]"),
     ("mesh.rules", {"embed": "model"}, "mesh.rules.embed='model': must be None, one of ('data', 'fsdp', 'tensor')"),
     ("model.preset", "gpt2", "model.preset='gpt2': must be one of ["),
-    ("model.overrides.hidden_size", -128, "model.overrides.hidden_size=-128: must be >= 1"),
+    ("model.overrides.hidden_size", -128, "model.overrides: hidden_size=-128 must be an integer >= 1"),
     ("model.overrides.hiden_size", 64, "model.overrides.hiden_size: not a model setting"),
     ("model.overrides.num_kv_heads", 3, "model.overrides: num_heads=4 must be a multiple of num_kv_heads=3"),
     ("model.dtype", "fp8", "model.dtype='fp8': must be one of"),
     ("model.checkpoint", "/nonexistent/ckpt", "model.checkpoint='/nonexistent/ckpt': not a directory"),
     ("task.name", "nope", f"task.name='nope': must be one of {sorted(factory.TASKS)} or 'package.module:function'"),
     ("task.name", "no_such_pkg.mod:build",
-     "task.name='no_such_pkg.mod:build': package 'no_such_pkg' cannot be imported"),
+     "task.name='no_such_pkg.mod:build': cannot be imported (ModuleNotFoundError"),
     ("task.num_train", 0, "task.num_train=0: must be >= 1"),
     ("task.teacher_slip_rate", 1.5, "task.teacher_slip_rate=1.5: must be in [0, 1]"),
     ("task.operations", ("^",), "task.operations=('^',): must be a non-empty tuple of"),
@@ -129,7 +131,7 @@ RULES = [
     ("monitors.max_reward_failure_fraction", 1.5, "monitors.max_reward_failure_fraction=1.5: must be in [0, 1]"),
     ("monitors.loss_explosion_factor", 1.0, "monitors.loss_explosion_factor=1.0: must be > 1"),
     ("monitors.entropy_flor", 0.1, "monitors.entropy_flor: unknown setting"),
-    ("loop.sync_every", _DELETE, "loop.sync_every: missing from the config"),
+    ("task", _DELETE, "task: missing from the config"),
     ("trainer", 3, "trainer=3: must be a mapping"),
 ]
 
@@ -142,9 +144,13 @@ def test_each_rule_names_its_field(path, value, message):
     assert len(problems) == 1, problems
 
 
-def test_every_problem_is_listed_at_once():
-  changes = {"loop.sync_every": -1, "loop.group_size": 1, "trainer.loss_settings.oapl.beta1": 0.0,
-             "trainer.optim.lr": math.nan, "eval.ks": (1, 8), "checkpoint.every_syncs": 0, "sampler.num_slots": 12}
+@pytest.mark.parametrize("changes", [
+    # the sections' own fields, all at once
+    {"loop.sync_every": -1, "trainer.loss_settings.oapl.beta1": 0.0, "trainer.optim.lr": math.nan,
+     "eval.ks": (1, 8), "checkpoint.every_syncs": 0},
+    # the cross-section rules (run/check.py), all at once, once every section is well-formed
+    {"loop.group_size": 1, "sampler.num_slots": 12, "warmstart.batch_size": 12}])
+def test_every_problem_is_listed_at_once(changes):
   problems = problems_of(changes)
   assert len(problems) == len(changes), problems
   for path in changes:
@@ -152,12 +158,12 @@ def test_every_problem_is_listed_at_once():
 
 
 def test_group_size_one_is_fine_for_a_loss_without_groups():
-  assert validation.validate_config(config_with({"trainer.loss": "sft", "loop.group_size": 1})) == []
+  assert check.validate(config_with({"trainer.loss": "sft", "loop.group_size": 1})) == []
 
 
 def test_greedy_eval_and_auto_warmstart_schedule_are_fine():
   cfg = config_with({"eval.temperature": 0.0, "warmstart.optim.schedule": "cosine", "warmstart.optim.total_steps": 0})
-  assert validation.validate_config(cfg) == []
+  assert check.validate(cfg) == []
 
 
 def test_model_dimension_that_the_mesh_cannot_split():
@@ -171,7 +177,7 @@ def test_model_dimension_that_the_mesh_cannot_split():
 def test_warnings_are_returned_not_raised(caplog):
   cfg = config_with({"trainer.optim.lr": 10.0, "eval.max_new_tokens": 60})
   with caplog.at_level(logging.WARNING, logger="oapl_jax.validation"):
-    warnings = validation.validate_config(cfg)
+    warnings = check.validate(cfg)
   assert warnings == [
       "trainer.optim.lr=10.0: unusually large for AdamW (typical 1e-6 .. 1e-3); expect divergence",
       "sampler.max_prefill_length=8 + max_new_tokens=60 exceeds the model's max_position_embeddings=64"]
@@ -195,7 +201,7 @@ def test_chat_configs_pass_with_their_files_and_warn_past_max_positions(tmp_path
   cfg = module.get_config("")
   cfg.model.checkpoint = ckpt
   cfg.task.update(tokenizer_dir=ckpt, train_path=data, eval_paths={name: data for name in cfg.task.eval_paths})
-  warnings = validation.validate_config(cfg)
+  warnings = check.validate(cfg)
   prefill, new = cfg.sampler.max_prefill_length, max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens)
   assert warnings == ([] if prefill + new <= 4096 else [
       f"sampler.max_prefill_length={prefill} + max_new_tokens={new} exceeds the model's max_position_embeddings=4096"])
@@ -207,7 +213,7 @@ def test_chat_config_without_its_files(tmp_path):
   cfg.model.checkpoint = ""  # the preset then
   cfg.task.update(tokenizer_dir=str(tmp_path / "tok"), train_path=str(tmp_path / "train.jsonl"))
   with pytest.raises(ConfigError) as info:
-    validation.validate_config(cfg)
+    check.validate(cfg)
   problems = info.value.problems
   assert f"task.tokenizer_dir='{tmp_path}/tok': not a directory (point it at the model's HF checkpoint)" in problems
   assert f"task.train_path='{tmp_path}/train.jsonl': no such file" in problems
@@ -221,7 +227,7 @@ def _problem(text: str, answer: str = "0") -> Problem:
 
 def test_empty_set_names_it():
   with pytest.raises(DataError, match=r"^task.train_path /x.jsonl holds no records$"):
-    validation.validate_problems([], where="task.train_path /x.jsonl", max_prompt_tokens=8)
+    problem_checks.validate_problems([], where="task.train_path /x.jsonl", max_prompt_tokens=8)
 
 
 def test_oversized_prompt_names_file_and_line(tmp_path):
@@ -231,7 +237,7 @@ def test_oversized_prompt_names_file_and_line(tmp_path):
   records, locations = sources.load_jsonl(path, with_locations=True)
   problems = [_problem(r["problem"], r["answer"]) for r in records]
   with pytest.raises(DataError) as info:
-    validation.validate_problems(problems, where=f"task.train_path {path}", max_prompt_tokens=8, locations=locations)
+    problem_checks.validate_problems(problems, where=f"task.train_path {path}", max_prompt_tokens=8, locations=locations)
   assert str(info.value) == (f"task.train_path {path}: 1 prompt(s) longer than sampler.max_prefill_length=8: "
                              f"{path} line 3 (10 tokens) (raise the limit, or set validation.on_oversized='skip')")
 
@@ -239,21 +245,21 @@ def test_oversized_prompt_names_file_and_line(tmp_path):
 def test_oversized_prompts_skipped_and_counted(caplog):
   problems = [_problem("abc"), _problem("x" * 9), _problem("defgh"), _problem("y" * 20)]
   with caplog.at_level(logging.WARNING):
-    kept, counts = validation.validate_problems(problems, where="set", max_prompt_tokens=8, on_oversized="skip")
+    kept, counts = problem_checks.validate_problems(problems, where="set", max_prompt_tokens=8, on_oversized="skip")
   assert kept == [problems[0], problems[2]]
   assert counts == dict(records=4, kept=2, oversized_skipped=2, duplicates=0, duplicates_dropped=0,
                         conflicting_answers=0)
   assert ("set: skipped 2 prompt(s) longer than sampler.max_prefill_length=8, e.g. set record 1 (9 tokens)"
           in caplog.text)
   with pytest.raises(DataError, match="none of its 1 records is usable"):
-    validation.validate_problems([problems[1]], where="set", max_prompt_tokens=8, on_oversized="skip")
+    problem_checks.validate_problems([problems[1]], where="set", max_prompt_tokens=8, on_oversized="skip")
 
 
 @pytest.mark.parametrize("policy,kept_indices", [("keep", [0, 1, 2, 3, 4]), ("drop", [0, 1, 3])])
 def test_duplicates_counted_then_kept_or_dropped(caplog, policy, kept_indices):
   problems = [_problem("a", "1"), _problem("b", "2"), _problem("a", "1"), _problem("a", "7"), _problem("b", "2")]
   with caplog.at_level(logging.WARNING):
-    kept, counts = validation.validate_problems(problems, where="set", max_prompt_tokens=8, on_duplicates=policy)
+    kept, counts = problem_checks.validate_problems(problems, where="set", max_prompt_tokens=8, on_duplicates=policy)
   assert kept == [problems[i] for i in kept_indices]
   assert counts["duplicates"] == 2 and counts["duplicates_dropped"] == (2 if policy == "drop" else 0)
   assert counts["conflicting_answers"] == 1  # "a" with answer 7 after answer 1
@@ -263,34 +269,38 @@ def test_duplicates_counted_then_kept_or_dropped(caplog, policy, kept_indices):
 
 def test_empty_prompt_and_foreign_token_ids_are_errors():
   with pytest.raises(DataError, match="^set record 1: the prompt has no tokens$"):
-    validation.validate_problems([_problem("a"), _problem("")], where="set", max_prompt_tokens=8)
+    problem_checks.validate_problems([_problem("a"), _problem("")], where="set", max_prompt_tokens=8)
   with pytest.raises(DataError, match=r"set record 0: prompt token ids outside the model's vocabulary \[0, 98\): "
                                       r"\[98\]"):
-    validation.validate_problems([_problem("ab")], where="set", max_prompt_tokens=8, vocab_size=98)  # b = 98
+    problem_checks.validate_problems([_problem("ab")], where="set", max_prompt_tokens=8, vocab_size=98)  # b = 98
 
 
 def test_validate_task_arithmetic(caplog):
   cfg = arithmetic.get_config("")
   task = arithmetic_task.make_task(num_train=200, num_held_out=8, seed=0)
-  out, counts = validation.validate_task(cfg, task, vocab_size=cfg.model.overrides.vocab_size)
+  demands = lambda: problem_checks.Demands(  # noqa: E731
+      max_prompt_tokens=cfg.sampler.max_prefill_length, policy=problem_checks.ValidationConfig(),
+      warmstart_steps=cfg.warmstart.steps, warmstart_batch=cfg.warmstart.batch_size, seed=cfg.seed,
+      vocab_size=cfg.model.overrides.vocab_size)
+  out, counts = problem_checks.validate_task(task, demands())
   assert out.train == task.train and out.eval_sets == task.eval_sets
   assert counts["train"]["kept"] == 200 and counts["held_out"] == dict(
       records=8, kept=8, oversized_skipped=0, duplicates=0, duplicates_dropped=0, conflicting_answers=0, in_train=0)
   cfg.warmstart.batch_size = 201  # demonstrations: one per training problem
   with pytest.raises(DataError, match="^warmstart.batch_size=201 exceeds the 200 demonstrations of task 'arithmetic'$"):
-    validation.validate_task(cfg, task)
+    problem_checks.validate_task(task, demands())
   cfg.warmstart.batch_size = 128
   cfg.sampler.max_prefill_length = 6  # one token per character after bos: "ab+cd=" is 7 tokens, "a+cd=" 6
   too_long = sum(len(p.prompt) + 1 > 6 for p in task.train)
   assert 0 < too_long < 200
   with pytest.raises(DataError, match=rf"^task 'arithmetic' train set: {too_long} prompt\(s\) longer than sampler"):
-    validation.validate_task(cfg, task)
+    problem_checks.validate_task(task, demands())
   cfg.sampler.max_prefill_length = 8
   with pytest.raises(DataError, match="^task 'arithmetic' held_out set holds no records$"):
-    validation.validate_task(cfg, task.__class__(**{**task.__dict__, "eval_sets": {"held_out": []}}))
+    problem_checks.validate_task(task.__class__(**{**task.__dict__, "eval_sets": {"held_out": []}}), demands())
   leaked = task.__class__(**{**task.__dict__, "eval_sets": {"held_out": list(task.train[:3])}})
   with caplog.at_level(logging.WARNING):
-    _, counts = validation.validate_task(cfg, leaked)
+    _, counts = problem_checks.validate_task(leaked, demands())
   assert counts["held_out"]["in_train"] == 3 and "eval set 'held_out': 3 prompt(s) also in the train set" in caplog.text
 
 
@@ -301,7 +311,9 @@ def test_validate_task_names_the_chat_files(tmp_path):
   task = arithmetic_task.make_task(num_train=4, num_held_out=2)
   task = task.__class__(**{**task.__dict__, "eval_sets": {"aime25": []}})
   with pytest.raises(DataError, match=f"^task.eval_paths.aime25 {tmp_path}/aime.jsonl holds no records$"):
-    validation.validate_task(cfg, task)
+    problem_checks.validate_task(task, problem_checks.Demands(max_prompt_tokens=64,
+                                                              policy=problem_checks.ValidationConfig()),
+                                 task_settings=schema.from_config(cfg).task)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -312,8 +324,8 @@ def test_validate_task_names_the_chat_files(tmp_path):
 def test_code_synthetic_task_fields_are_checked(field, value, message):
   import importlib  # pylint: disable=import-outside-toplevel
   cfg = importlib.import_module("configs.code").get_config("smoke")
-  assert validation.validate_config(cfg) == []
+  assert check.validate(cfg) == []
   cfg.task[field] = value
   with pytest.raises(ConfigError) as info:
-    validation.validate_config(cfg)
+    check.validate(cfg)
   assert [p for p in info.value.problems if p.startswith(message)], info.value.problems

@@ -21,7 +21,7 @@ Cache = Any  # a pytree of arrays; its layout is the family's business
 class CausalLM(Protocol):
   """A decoder-only LM bound to one config (architecture + dtypes)."""
 
-  config: Any  # the family's typed config: vocab_size, num_layers, param_dtype, dtype, ...
+  config: Any  # the family's typed config: its architecture and its `execution` (dtypes, remat, kernel)
 
   # ---- weights
   def init_params(self, rng) -> Params:
@@ -30,11 +30,11 @@ class CausalLM(Protocol):
   def param_logical_axes(self) -> Any:
     """PartitionSpecs of logical axis names, matching the (training-layout) params tree."""
 
-  def with_dtypes(self, *, param_dtype: str, dtype: str, remat: bool = False) -> "CausalLM":
-    """The same architecture with other master/compute dtypes (e.g. the sampler's copy)."""
+  def with_execution(self, **changes) -> "CausalLM":
+    """The same architecture run another way: dtypes, remat, kernel (models/config.Execution's fields)."""
 
   def same_architecture(self, other: "CausalLM") -> bool:
-    """Whether `other`'s weights fit this model (dtypes and remat may differ)."""
+    """Whether `other`'s weights fit this model (how either runs may differ)."""
 
   # ---- training
   def token_logprobs(self, params: Params, tokens_BxT, targets_BxT, positions_BxT=None, *,

@@ -3,14 +3,38 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from oapl_jax import sections
 from oapl_jax.models.attention import IMPLEMENTATIONS
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
+class Execution:
+  """How a model runs, not what it is: two configs with equal architectures and different executions
+  hold the same weights (a checkpoint trained with one kernel loads with another)."""
+  param_dtype: str = sections.rule("float32", choices=tuple(_DTYPES))  # master weights
+  dtype: str = sections.rule("float32", choices=tuple(_DTYPES))  # compute dtype
+  remat: bool = False  # rematerialise each layer in the backward pass
+  logprob_chunk: int = sections.rule(256, low=1)  # time steps per chunk when computing log-probs from hidden states
+  # Training and prefill attention kernel (models/attention.py): auto | splash | cudnn | blockwise | reference;
+  # "auto" picks by the platform of the mesh being traced for (so a TPU compile check gets splash).
+  attention: str = sections.rule("auto", choices=IMPLEMENTATIONS)
+  attention_block_q: int = sections.rule(512, low=1)
+  attention_block_kv: int = sections.rule(512, low=1)
+
+  def __post_init__(self):
+    sections.enforce(self)
+
+
+EXECUTION_FIELDS = tuple(f.name for f in dataclasses.fields(Execution))
+
+
+@dataclasses.dataclass(frozen=True)
 class QwenConfig:
-  """One dense Qwen decoder. Qwen2/2.5: q/k/v bias, no q/k norm. Qwen3: q/k RMSNorm, no bias."""
+  """One dense Qwen decoder: its architecture, and how it runs (`execution`; its fields read as
+  attributes too: config.dtype, config.attention). Qwen2/2.5: q/k/v bias, no q/k norm. Qwen3: q/k
+  RMSNorm, no bias."""
 
   vocab_size: int
   hidden_size: int
@@ -25,24 +49,25 @@ class QwenConfig:
   qkv_bias: bool = False
   qk_norm: bool = True
   max_position_embeddings: int = 40960
-  param_dtype: str = "float32"  # master weights
-  dtype: str = "float32"  # compute dtype
-  remat: bool = False  # rematerialise each layer in the backward pass
-  logprob_chunk: int = 256  # time steps per chunk when computing log-probs from hidden states
-  # Training and prefill attention kernel (models/attention.py): auto | splash | cudnn | blockwise | reference;
-  # "auto" picks by the platform of the mesh being traced for (so a TPU compile check gets splash).
-  attention: str = "auto"
-  attention_block_q: int = 512
-  attention_block_kv: int = 512
+  execution: Execution = Execution()
 
   def __post_init__(self):
-    for name in ("param_dtype", "dtype"):
-      if getattr(self, name) not in _DTYPES:
-        raise ValueError(f"QwenConfig.{name}={getattr(self, name)!r}; expected one of {sorted(_DTYPES)}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "max_position_embeddings"):
+      if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool) or getattr(self, name) < 1:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
-    if self.attention not in IMPLEMENTATIONS:
-      raise ValueError(f"QwenConfig.attention={self.attention!r}; expected one of {IMPLEMENTATIONS}")
+
+  def __getattr__(self, name):  # only called for names that are not fields: the execution's fields
+    if name in EXECUTION_FIELDS and "execution" in self.__dict__:
+      return getattr(self.__dict__["execution"], name)
+    raise AttributeError(f"QwenConfig has no attribute {name!r}")
+
+  @property
+  def architecture(self) -> "QwenConfig":
+    """This config with the default execution: equal for any two configs whose weights are interchangeable."""
+    return dataclasses.replace(self, execution=Execution())
 
   @property
   def jnp_dtype(self):
@@ -57,7 +82,10 @@ class QwenConfig:
     return "qwen3" if self.qk_norm else "qwen2"
 
   def replace(self, **changes) -> "QwenConfig":
-    return dataclasses.replace(self, **changes)
+    """Architecture fields and execution fields alike (e.g. replace(num_layers=4, dtype="bfloat16"))."""
+    run = {k: changes.pop(k) for k in list(changes) if k in EXECUTION_FIELDS}
+    execution = dataclasses.replace(changes.pop("execution", self.execution), **run)
+    return dataclasses.replace(self, **changes, execution=execution)
 
   # ---- presets: the published architectures (weights come from a checkpoint directory) ----
   @classmethod
@@ -126,8 +154,9 @@ class QwenConfig:
     """A few-hundred-kB Qwen3-architecture model for tests and the CPU demo."""
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                 num_kv_heads=2, head_dim=16, rope_theta=10_000.0, max_position_embeddings=512)
+    run = {k: kw.pop(k) for k in list(kw) if k in EXECUTION_FIELDS}
     base.update(kw)
-    return cls(**base)
+    return cls(**base).replace(**run)
 
 
 PRESETS = {

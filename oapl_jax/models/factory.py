@@ -1,54 +1,83 @@
-"""A model (models.api.CausalLM) and its params from config: an HF checkpoint or a preset."""
+"""The `model` config section (ModelSpec) -> a CausalLM and its params: an HF checkpoint or a preset."""
+import dataclasses
 import os
-from typing import Any, Mapping
+from typing import Optional
 
 import jax
 
-from oapl_jax import parallel
+from oapl_jax import parallel, sections
 from oapl_jax.models import api, hf
-from oapl_jax.models.config import PRESETS, preset
+from oapl_jax.models.config import EXECUTION_FIELDS, PRESETS, Execution, QwenConfig
 
 
-def load_pretrained(path: str, layout: parallel.Layout, *, param_dtype: str, dtype: str, remat: bool = False,
-                    attention: str = "auto"):
-  """(CausalLM, params) from an HF checkpoint directory, each device reading only its own blocks."""
-  config, params = hf.load(path, mesh=layout.mesh, dtype=param_dtype, compute_dtype=dtype, rules=layout.rules,
-                           remat=remat, attention=attention)
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(Execution):
+  """The `model` section: what the network is (an HF checkpoint directory, else a preset with
+  architecture overrides) and how it runs (the Execution fields: dtypes, remat, attention kernel)."""
+  checkpoint: str = ""  # an HF directory (then preset is ignored); '' = the preset from random weights
+  preset: str = sections.rule("tiny", choices=tuple(PRESETS))
+  overrides: dict = dataclasses.field(default_factory=dict)  # architecture fields of the preset
+
+  def __post_init__(self):
+    super().__post_init__()
+    pinned = sorted(set(self.overrides) & set(EXECUTION_FIELDS))
+    if pinned:
+      raise ValueError(f"model.overrides sets {pinned}: how the model runs is set once, as model.{pinned[0]}")
+
+  @property
+  def execution(self) -> Execution:
+    return Execution(**{name: getattr(self, name) for name in EXECUTION_FIELDS})
+
+  @property
+  def checkpoint_dir(self) -> str:
+    return os.path.abspath(os.path.expanduser(self.checkpoint)) if self.checkpoint else ""
+
+
+def architecture(spec: ModelSpec, *, preset_when_absent: bool = False) -> QwenConfig:
+  """The model's config without weights: the checkpoint's config.json, else the preset + overrides;
+  run as spec's execution says. preset_when_absent: a checkpoint that is not on this host (compiling
+  for a pod from a laptop) is read as the preset its name matches (Qwen3-4B-Thinking-2507 ->
+  qwen3_4b_thinking_2507). Raises ValueError (hf.CheckpointError) naming the field."""
+  path = spec.checkpoint_dir
+  if path and (os.path.isdir(path) or not preset_when_absent):
+    if not os.path.isdir(path):
+      raise ValueError(f"model.checkpoint={spec.checkpoint!r}: not a directory")
+    return hf.read_config(path, **spec.overrides).replace(execution=spec.execution)
+  name = spec.preset
+  if path:
+    name = os.path.basename(path.rstrip("/")).lower().replace("-", "_").replace(".", "p")
+    if name not in PRESETS:
+      raise ValueError(f"model.checkpoint={spec.checkpoint} is not here and its name matches no preset; pass "
+                       f"--config.model.checkpoint= --config.model.preset=NAME (one of {sorted(PRESETS)})")
+  base = PRESETS[name]()
+  unknown = sorted(set(spec.overrides) - {f.name for f in dataclasses.fields(base)})
+  if unknown:
+    raise ValueError(f"model.overrides.{unknown[0]}: not a model setting; known: "
+                     f"{sorted(f.name for f in dataclasses.fields(base) if f.name != 'execution')}")
+  return base.replace(**spec.overrides, execution=spec.execution)
+
+
+def model_of(spec: ModelSpec, *, preset_when_absent: bool = False) -> api.CausalLM:
+  return api.for_config(architecture(spec, preset_when_absent=preset_when_absent))
+
+
+def load_pretrained(path: str, layout: parallel.Layout, **execution):
+  """(CausalLM, params) from an HF checkpoint directory, each device reading only its own blocks;
+  `execution`: Execution fields (param_dtype, dtype, remat, attention, ...)."""
+  execution = dict(execution)
+  param_dtype, dtype = execution.pop("param_dtype", "float32"), execution.pop("dtype", None)
+  config, params = hf.load(os.path.abspath(os.path.expanduser(path)), mesh=layout.mesh, dtype=param_dtype,
+                           compute_dtype=dtype, rules=layout.rules, **execution)
   return api.for_config(config), params
 
 
-def model_from_config(cfg: Mapping[str, Any], *, preset_when_absent: bool = False) -> api.CausalLM:
-  """The run's model without weights: model.checkpoint's config.json, else model.preset; then
-  model.overrides and model.attention. preset_when_absent: a checkpoint that is not on this host
-  (e.g. when compiling for a pod from a laptop) is read as the preset its name matches
-  (Qwen3-4B-Thinking-2507 -> qwen3_4b_thinking_2507)."""
-  settings = dict(dict(cfg["overrides"]), param_dtype=cfg["param_dtype"], dtype=cfg["dtype"], remat=cfg["remat"])
-  if "attention" in cfg:
-    settings.setdefault("attention", cfg["attention"])
-  path = os.path.expanduser(cfg["checkpoint"])
-  if cfg["checkpoint"] and (os.path.isdir(path) or not preset_when_absent):
-    return api.for_config(hf.read_config(path, **settings))
-  name = os.path.basename(path.rstrip("/")).lower().replace("-", "_").replace(".", "p")
-  if cfg["checkpoint"] and name not in PRESETS:
-    raise ValueError(f"model.checkpoint={cfg['checkpoint']} is not here and its name matches no preset; pass "
-                     f"--config.model.checkpoint= --config.model.preset=NAME (one of {sorted(PRESETS)})")
-  return api.for_config(preset(name if cfg["checkpoint"] else cfg["preset"], **settings))
-
-
-def build_model(cfg: Mapping[str, Any], layout: parallel.Layout, seed: int):
-  """(CausalLM, params born sharded on `layout`).
-
-  cfg.checkpoint: an HF directory to load (then cfg.preset is ignored), or '' to initialise
-  cfg.preset (+ cfg.overrides) from random weights.
-  """
-  if cfg["checkpoint"]:
-    path = os.path.expanduser(cfg["checkpoint"])
-    if not os.path.isdir(path):
-      raise FileNotFoundError(f"config field model.checkpoint: {path} is not a directory")
-    return load_pretrained(path, layout, param_dtype=cfg["param_dtype"], dtype=cfg["dtype"], remat=cfg["remat"],
-                           attention=cfg.get("attention", "auto"))
-  kernel = {"attention": cfg["attention"]} if "attention" in cfg else {}
-  model = api.for_config(preset(cfg["preset"], **{**kernel, **dict(cfg["overrides"])}, param_dtype=cfg["param_dtype"],
-                                dtype=cfg["dtype"], remat=cfg["remat"]))
+def build_model(spec: ModelSpec, layout: parallel.Layout, seed: int, config: Optional[QwenConfig] = None):
+  """(CausalLM, params born sharded on `layout`): the checkpoint's weights, or the preset's from `seed`."""
+  config = config or architecture(spec)
+  if spec.checkpoint:
+    loaded, params = load_pretrained(spec.checkpoint_dir, layout, **spec.overrides,
+                                     **dataclasses.asdict(config.execution))
+    return loaded, params
+  model = api.for_config(config)
   params, _ = parallel.init_sharded(lambda: model.init_params(jax.random.PRNGKey(seed)), layout.mesh, layout.rules)
   return model, params

@@ -58,7 +58,7 @@ def config_from_hf(hf: dict, path: str = "config.json", **overrides) -> QwenConf
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
         qk_norm=model_type == "qwen3",
-        max_position_embeddings=hf.get("max_position_embeddings", 32768), **overrides)
+        max_position_embeddings=hf.get("max_position_embeddings", 32768)).replace(**overrides)
   except KeyError as e:
     raise CheckpointError(f"{path}: missing required field {e.args[0]!r}") from None
 

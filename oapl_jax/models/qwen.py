@@ -383,12 +383,11 @@ class QwenLM:
   def param_logical_axes(self):
     return param_logical_axes(self.config)
 
-  def with_dtypes(self, *, param_dtype: str, dtype: str, remat: bool = False) -> "QwenLM":
-    return QwenLM(self.config.replace(param_dtype=param_dtype, dtype=dtype, remat=remat))
+  def with_execution(self, **changes) -> "QwenLM":
+    return QwenLM(self.config.replace(**changes))
 
   def same_architecture(self, other) -> bool:
-    plain = lambda c: c.replace(param_dtype="float32", dtype="float32", remat=False)  # noqa: E731
-    return isinstance(other, QwenLM) and plain(self.config) == plain(other.config)
+    return isinstance(other, QwenLM) and self.config.architecture == other.config.architecture
 
   def token_logprobs(self, params, tokens_BxT, targets_BxT, positions_BxT=None, *, temperature: float = 1.0,
                      with_entropy: bool = False):

@@ -4,7 +4,7 @@ Pure functions of log-probs and rewards; nothing here knows about models, the sa
 training loop. Shapes: B prompts, G samples per prompt, T tokens. All arithmetic is float32
 whatever the input dtype; padded positions (response_mask 0) may hold anything, NaN included.
 
-    settings = objectives.settings_from_config("opmd", {"tau": 0.5})      # -> OPMDSettings
+    settings = objectives.build_settings("opmd", {"tau": 0.5})      # -> OPMDSettings
     loss, metrics = objectives.compute_loss("opmd", policy_token_logp_BxGxT, batch, settings)
 
 Batch keys: response_mask [B,G,T], sampler_token_logp [B,G,T] (the sampler's own log-probs of the
@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import jax
 
+from oapl_jax import sections
 from oapl_jax.objectives.asymre import AsymRESettings, asymre_from_batch, asymre_loss
 from oapl_jax.objectives.checks import check_token_array
 from oapl_jax.objectives.grpo import GRPOSettings, grpo_advantages, grpo_from_batch, grpo_loss
@@ -64,15 +65,28 @@ def loss_spec(name: str) -> LossSpec:
   return LOSSES[name]
 
 
-def settings_from_config(name: str, values: Optional[Mapping[str, Any]] = None) -> Settings:
-  """The typed settings of loss `name` from a dict/ConfigDict; unknown keys are an error."""
+def build_settings(name: str, values: Optional[Mapping[str, Any]] = None, path: str = "",
+                   problems: Optional[sections.Problems] = None) -> Settings:
+  """The typed settings of loss `name` from a mapping (None: the defaults); every bad field is reported
+  under `path` (sections.build)."""
   kind = loss_spec(name).settings_type
-  values = dict(values.items()) if values is not None else {}
-  known = {f.name for f in dataclasses.fields(kind)}
-  unknown = sorted(set(values) - known)
-  if unknown:
-    raise ValueError(f"loss {name!r}: unknown setting(s) {unknown}; {kind.__name__} takes {sorted(known)}")
-  return kind(**values)
+  own = problems is None
+  problems = problems if problems is not None else sections.Problems()
+  before = len(problems.errors)
+  where = path or f"loss {name!r}"
+  settings = sections.build(kind, values, where, problems)
+  if settings is None and len(problems.errors) == before + 1 and problems.errors[-1].startswith(f"{where}: "):
+    fields = []  # a check in __post_init__ failed: name each field that fails alone
+    for key, value in dict(values.items()).items():
+      try:
+        kind(**{key: value})
+      except (ValueError, TypeError) as e:
+        fields.append(f"{where}.{key}={value!r}: {e}")
+    if fields:
+      problems.errors[before:] = fields
+  if own:
+    problems.raise_if_any()
+  return settings
 
 
 def _typed_settings(name: str, spec: LossSpec, settings: Settings) -> Settings:
@@ -98,7 +112,7 @@ def compute_loss(name: str, policy_token_logp_BxGxT: jax.Array, batch: Mapping[s
 
 
 __all__ = [
-    "LOSSES", "LossSpec", "loss_spec", "settings_from_config", "compute_loss",
+    "LOSSES", "LossSpec", "loss_spec", "build_settings", "compute_loss",
     "OAPLSettings", "GRPOSettings", "AsymRESettings", "OPMDSettings", "M2POSettings", "SFTSettings",
     "v_star", "oapl_loss", "grpo_advantages", "grpo_loss", "asymre_loss", "opmd_loss", "m2po_loss",
     "m2po_tau_squared", "sft_loss", "sequence_logprob", "token_mean",

@@ -44,6 +44,11 @@ def pack_sequences(prompts, responses, response_logps, seq_len: int) -> dict[str
   return out
 
 
+def sequence_length(longest_prompt: int, max_new_tokens: int) -> int:
+  """T of the trainer's [B, G, T] batch: prompt + response, less the last token (it is no input)."""
+  return longest_prompt + max_new_tokens - 1
+
+
 def pack_groups(groups: RolloutGroups, rewards_PxG: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
   """A chunk of rollout groups -> trainer arrays [P, G, seq_len] (see `pack_sequences`) + rewards."""
   P, G, _ = groups.response_tokens.shape

@@ -19,31 +19,28 @@ On the CPU backend the rollouts then run in the trainer's thread (`rollouts_inli
 """
 import dataclasses
 import logging
-import math
 import time
 from typing import Any, Optional
 
 import jax
 import numpy as np
 
-from oapl_jax import checkpoints, evaluation, objectives, parallel, reporting, run_dir, validation
+from oapl_jax import checkpoints, parallel, reporting
 from oapl_jax.models.api import CausalLM
-from oapl_jax.models.factory import build_model
-from oapl_jax.rl import trainer, warmstart
 from oapl_jax.rl.buffer import RolloutBuffer
-from oapl_jax.rl.monitors import HealthMonitor, MonitorConfig
+from oapl_jax.rl.monitors import HealthMonitor
 from oapl_jax.rl.rollout_worker import RolloutWorker, Window
 from oapl_jax.rl.schedule import WindowSchedule
 from oapl_jax.sampler import core
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks.base import Task
-from oapl_jax.tasks.factory import build_task
 
 
 @dataclasses.dataclass
 class Run:
   """Everything a run holds; built by `setup`, advanced by `train`."""
-  cfg: Any
+  cfg: Any  # the run's typed config (run/schema.RunConfig)
+  placement: parallel.Placement
   task: Task
   schedule: WindowSchedule
   rollout_settings: SamplingSettings
@@ -59,87 +56,8 @@ class Run:
   monitor: HealthMonitor
   batch_sharding: Any  # how a trainer batch's prompt axis lies over the trainer's devices
   batch_rows: slice  # the batch rows this process feeds (parallel.process_rows)
+  evaluate: Any  # params -> {'eval/<set>/<metric>': value} over the task's eval sets
   score_old_policy: Any = None  # (params, chunk) -> per-token log-probs, for losses that read pi_old
-
-
-def sampling_settings(cfg, task: Task) -> tuple[SamplingSettings, SamplingSettings]:
-  """(rollout settings from cfg.sampler, eval settings from cfg.eval); both stop at the task's eos."""
-  stops = (task.tokenizer.eos_id,)
-  rollout_settings = SamplingSettings.from_config(cfg.sampler, stop_tokens=stops)
-  eval_settings = SamplingSettings.from_config(cfg.eval, stop_tokens=stops)
-  return rollout_settings, eval_settings
-
-
-def _warm_start(cfg, task: Task, model: CausalLM, params, layout: parallel.Layout, seq_len: int, reporter):
-  config = warmstart.WarmStartConfig.from_config(cfg.warmstart)
-  if not config.steps:
-    return params
-  if task.demonstrations is None:
-    raise ValueError(f"config field warmstart.steps={config.steps}, but task {task.name!r} has no demonstrations")
-  logging.info("warm start: %d supervised steps on demonstrations", config.steps)
-  return warmstart.warm_start(task.demonstrations(cfg.seed), params, model, layout, config, seq_len=seq_len,
-                              seed=cfg.seed, log=reporter.scalars)
-
-
-def setup(cfg, workdir: str, allow_config_changes: bool = False) -> Run:
-  """Build a run: where it runs, the task, the model (warm-started or restored), the sampler.
-  The whole config and every data source are checked before any model is built."""
-  validation.validate_config(cfg)
-  placement = parallel.placement_from_config(cfg.mesh)
-  task, _ = validation.validate_task(cfg, build_task(cfg.task), vocab_size=None)
-  rollout_settings, eval_settings = sampling_settings(cfg, task)
-  schedule = WindowSchedule(cfg.loop.sync_every, cfg.loop.steps_per_rollout, cfg.loop.prompts_per_rollout)
-  model, params = build_model(cfg.model, placement.trainer, cfg.seed)
-  every_prompt = list(task.train) + [q for problems in task.eval_sets.values() for q in problems]
-  seq_len = max(len(p.prompt_tokens) for p in every_prompt) + max(rollout_settings.max_new_tokens,
-                                                                   eval_settings.max_new_tokens) - 1
-  checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", cfg.checkpoint.max_to_keep)
-  reporter = reporting.Reporter(workdir, cfg.loop.num_syncs * cfg.loop.sync_every)
-
-  train_cfg = dataclasses.replace(trainer.TrainConfig.from_config(cfg.trainer), temperature=rollout_settings.temperature)
-  resuming = checkpointer.latest_step() is not None
-  if resuming:  # a resume with another config says what differs, and refuses unless allowed
-    run_dir.check_resume(workdir, cfg, allow_config_changes)
-  if not resuming or run_dir.recorded_config(workdir) is None:
-    run_dir.record_config(workdir, cfg)
-  if not resuming:
-    params = _warm_start(cfg, task, model, params, placement.trainer, seq_len, reporter)
-  state = trainer.create_train_state(train_cfg, model, params, placement.trainer)
-  del params
-  meta = checkpoints.Meta(syncs_done=0, snapshot_version=0, data_position=0, seed=cfg.seed)
-  if resuming:
-    state, meta = checkpointer.restore(checkpoints.abstract_like(state))
-    reporter.resume_from(int(state.step))
-    logging.info("resumed from %s at step %d (%d syncs done)", checkpointer.directory, int(state.step), meta.syncs_done)
-
-  sampler_model = model.with_dtypes(param_dtype=cfg.sampler.dtype, dtype=cfg.sampler.dtype)
-  sampler = core.Sampler(sampler_model, layout=placement.sampler, num_slots=cfg.sampler.num_slots,
-                         max_prefill_length=cfg.sampler.max_prefill_length,
-                         max_new_tokens=max(rollout_settings.max_new_tokens, eval_settings.max_new_tokens))
-  sampler.snapshot_version = meta.snapshot_version
-  batch_sharding = trainer.batch_sharding(placement.trainer, cfg.loop.batch_prompts)
-  return Run(cfg, task, schedule, rollout_settings, eval_settings, model, state,
-             trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts), sampler, RolloutBuffer(seq_len),
-             checkpointer, reporter, meta, HealthMonitor(MonitorConfig.from_config(cfg.get("monitors"))),
-             batch_sharding, parallel.process_rows(batch_sharding, cfg.loop.batch_prompts),
-             _old_policy_scorer(train_cfg, model, placement.trainer, cfg.loop.prompts_per_rollout))
-
-
-def _old_policy_scorer(train_cfg: trainer.TrainConfig, model: CausalLM, layout: parallel.Layout, chunk_prompts: int):
-  """For a loss that reads pi_old (GRPO's ratio): the policy's log-probs of a rollout chunk, taken with
-  the params that start its round, so the PPO clip acts on the later steps of that round."""
-  if "old_policy_token_logp" not in objectives.loss_spec(train_cfg.loss).optional:
-    return None
-  config = dataclasses.replace(train_cfg, micro_batches=math.gcd(chunk_prompts, train_cfg.micro_batches))
-  score = trainer.make_score_fn(config, model, layout, chunk_prompts)
-  sharding = trainer.batch_sharding(layout, chunk_prompts)
-  rows = parallel.process_rows(sharding, chunk_prompts)
-  to_every_host = jax.jit(lambda x: x, out_shardings=layout.replicated)  # on the trainer's devices only
-
-  def score_chunk(params, chunk: dict) -> np.ndarray:
-    inputs = parallel.from_process_rows({k: v[rows] for k, v in chunk.items()}, sharding, chunk_prompts)
-    return np.asarray(to_every_host(score(params, inputs)))
-  return score_chunk
 
 
 def _score_new_chunks(run: Run, params, scored: int, visible: int) -> int:
@@ -154,13 +72,7 @@ def _score_new_chunks(run: Run, params, scored: int, visible: int) -> int:
 
 
 def _evaluate(run: Run, step: int) -> dict:
-  e = run.cfg.eval
-  out = {}
-  for name, problems in run.task.eval_sets.items():
-    metrics = evaluation.evaluate(run.sampler, run.sampler.params, run.task, problems[:e.num_prompts],
-                                  samples=e.samples, ks=tuple(e.ks), settings=run.eval_settings,
-                                  seed=run.cfg.seed + 7919)
-    out.update({f"eval/{name}/{k}": v for k, v in metrics.items()})
+  out = run.evaluate(run.sampler.params)
   logging.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in out.items() if "pass@" in k})
   return out
 
@@ -179,10 +91,11 @@ def rollouts_inline(sampler_layout: parallel.Layout) -> bool:
   return jax.process_count() > 1 and sampler_layout.platform == "cpu"
 
 
-def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None) -> dict:
+def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_windows: Optional[int] = None) -> dict:
   """Runs the remaining sync windows; returns the final summary (also written to the workdir).
   on_window(progress: dict), if given, is called after every window (e.g. a notebook redraws its curve).
-  inline_rollouts: rollouts in the trainer's thread (True) or their own (False); None: `rollouts_inline`."""
+  inline_rollouts: rollouts in the trainer's thread (True) or their own (False); None: `rollouts_inline`.
+  max_windows: stop after this many windows of this call (the run stays resumable), e.g. to test a resume."""
   cfg, loop, schedule = run.cfg, run.cfg.loop, run.schedule
   worker = RolloutWorker(run.sampler, run.task, run.buffer, schedule, run.rollout_settings,
                          group_size=loop.group_size, seed=cfg.seed, eval_fn=lambda step: _evaluate(run, step),
@@ -194,8 +107,8 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None) -> d
   base_key = jax.random.PRNGKey(cfg.seed)
   try:
     for sync in range(first_sync, loop.num_syncs):
-      if loop.stop_after_syncs and sync - first_sync >= loop.stop_after_syncs:
-        logging.warning("stopping after %d sync windows (loop.stop_after_syncs)", loop.stop_after_syncs)
+      if max_windows is not None and sync - first_sync >= max_windows:
+        logging.warning("stopping after %d sync windows (max_windows)", max_windows)
         break
       step0 = schedule.first_step(sync)
       run.sampler.refresh(state.params)

@@ -16,7 +16,9 @@ import collections
 import dataclasses
 import logging
 import math
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
+
+from oapl_jax import sections
 
 
 class DivergenceError(FloatingPointError):
@@ -25,15 +27,15 @@ class DivergenceError(FloatingPointError):
 
 @dataclasses.dataclass(frozen=True)
 class MonitorConfig:
-  max_skipped_updates: int = 3
-  loss_explosion_factor: float = 1e4
-  entropy_floor: float = 1e-3
-  no_signal_steps: int = 20
-  max_reward_failure_fraction: float = 0.5  # of a rollout chunk's rewards (raised, NaN, inf, timed out)
+  """The `monitors` section (the module docstring says what each watches)."""
+  max_skipped_updates: int = sections.rule(3, low=1)
+  loss_explosion_factor: float = sections.rule(1e4, low=1, low_open=True)
+  entropy_floor: float = sections.rule(1e-3, low=0)
+  no_signal_steps: int = sections.rule(20, low=1)
+  max_reward_failure_fraction: float = sections.rule(0.5, low=0, high=1)  # of a rollout chunk's rewards
 
-  @classmethod
-  def from_config(cls, cfg: Optional[Mapping[str, Any]]) -> "MonitorConfig":
-    return cls(**dict(cfg.items())) if cfg is not None else cls()
+  def __post_init__(self):
+    sections.enforce(self)
 
 
 def check_reward_failures(num_failed: int, num_items: int, config: MonitorConfig, where: str) -> None:

@@ -1,8 +1,8 @@
 """The paper's offline two-stage mode (§5.2): rollouts generated once to disk, then epochs of OAPL on them.
 
-  python -m oapl_jax.rl.offline generate --config configs/code.py:smoke --workdir W [--stage 1]
-  python -m oapl_jax.rl.offline train --offline --config configs/code.py:smoke --workdir W [--stage 1]
-  python -m oapl_jax.rl.offline run --config configs/code.py:smoke --workdir W    # every stage, with evals
+  python -m oapl_jax.apps.offline generate --config configs/code.py:smoke --workdir W [--stage 1]
+  python -m oapl_jax.apps.offline train --offline --config configs/code.py:smoke --workdir W [--stage 1]
+  python -m oapl_jax.apps.offline run --config configs/code.py:smoke --workdir W    # every stage, with evals
 
 Stage s: the policy trained through stage s-1 (stage 1: the warm-started or pretrained model, saved as
 checkpoint step 0) becomes sampler snapshot s and generates G = loop.group_size responses for
@@ -28,9 +28,9 @@ import jax
 import numpy as np
 from etils import epath
 
-from oapl_jax import checkpoints, evaluation, parallel
+from oapl_jax import checkpoints, evaluation, parallel, sections
 from oapl_jax.rl import loop, trainer
-from oapl_jax.rl.buffer import pack_groups
+from oapl_jax.rl.buffer import pack_groups, sequence_length
 from oapl_jax.rl.monitors import check_reward_failures
 from oapl_jax.rl.optim import make_schedule
 from oapl_jax.rl.rollout_store import RolloutStore, StoreHeader, take_groups
@@ -40,37 +40,18 @@ from oapl_jax.sampler import rollout
 @dataclasses.dataclass(frozen=True)
 class OfflineConfig:
   """The `offline` config section: per-stage prompt counts and epochs, chunking, the filter."""
-  stages: int = 2
-  prompts: tuple[int, ...] = (0, 4000)  # training prompts each stage generates on (0: all of them)
-  epochs: tuple[int, ...] = (1, 4)  # passes over each stage's kept groups
-  chunk_prompts: int = 64  # prompts per sampler call and per stored Parquet chunk
+  stages: int = sections.rule(2, low=1)
+  prompts: tuple[int, ...] = sections.rule((0, 4000), low=0)  # training prompts per stage (0: all of them)
+  epochs: tuple[int, ...] = sections.rule((1, 4), low=1)  # passes over each stage's kept groups
+  chunk_prompts: int = sections.rule(64, low=1)  # prompts per sampler call and per stored Parquet chunk
   drop_all_wrong: bool = True  # the paper's filter: groups with no correct sample
   drop_all_correct: bool = False  # optional: groups with only correct samples
 
   def __post_init__(self):
-    object.__setattr__(self, "prompts", tuple(int(p) for p in self.prompts))
-    object.__setattr__(self, "epochs", tuple(int(e) for e in self.epochs))
-    problems = []
-    if self.stages < 1:
-      problems.append(f"stages={self.stages} must be >= 1")
+    sections.enforce(self)
     if len(self.prompts) != self.stages or len(self.epochs) != self.stages:
-      problems.append(f"prompts={self.prompts} and epochs={self.epochs} need one entry per stage ({self.stages})")
-    if any(p < 0 for p in self.prompts) or any(e < 1 for e in self.epochs):
-      problems.append(f"prompts={self.prompts} must be >= 0 (0: all) and epochs={self.epochs} >= 1")
-    if self.chunk_prompts < 1:
-      problems.append(f"chunk_prompts={self.chunk_prompts} must be >= 1")
-    if problems:
-      raise ValueError("config section offline: " + "; ".join(problems))
-
-  @classmethod
-  def from_config(cls, cfg: Optional[Mapping[str, Any]]) -> "OfflineConfig":
-    if cfg is None:
-      raise ValueError("the config has no `offline` section (see configs/code.py)")
-    values = dict(cfg.items())
-    unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-      raise ValueError(f"config section offline: unknown settings {sorted(unknown)}")
-    return cls(**values)
+      raise ValueError(f"offline.prompts={self.prompts} and offline.epochs={self.epochs} need one entry per stage "
+                       f"({self.stages})")
 
 
 def keep_groups(rewards_PxG: np.ndarray, drop_all_wrong: bool = True, drop_all_correct: bool = False) -> np.ndarray:
@@ -117,9 +98,8 @@ def stage_batches(store: RolloutStore, keep_by_chunk: Sequence[np.ndarray], batc
         carry = {k: v[batch_prompts:] for k, v in carry.items()}
 
 
-def stage_train_config(trainer_cfg: Mapping[str, Any], steps: int, temperature: float) -> trainer.TrainConfig:
+def stage_train_config(config: trainer.TrainConfig, steps: int, temperature: float) -> trainer.TrainConfig:
   """The trainer section with a cosine schedule spanning `steps`, at the rollouts' temperature."""
-  config = trainer.TrainConfig.from_config(trainer_cfg)
   optim = dataclasses.replace(config.optim, total_steps=steps) if config.optim.schedule == "cosine" else config.optim
   return dataclasses.replace(config, optim=optim, temperature=temperature)
 
@@ -150,11 +130,7 @@ def policy_snapshot(run: loop.Run, version: int) -> None:
 
 def evaluate_policy(run: loop.Run) -> dict[str, float]:
   """pass@k (evaluation.evaluate) of the sampler's snapshot on every eval set, at the eval settings."""
-  e, step, out = run.cfg.eval, run.checkpointer.latest_step(), {}
-  for name, problems in run.task.eval_sets.items():
-    metrics = evaluation.evaluate(run.sampler, run.sampler.params, run.task, problems[:e.num_prompts],
-                                  samples=e.samples, ks=tuple(e.ks), settings=run.eval_settings, seed=run.cfg.seed + 7919)
-    out.update({f"eval/{name}/{k}": v for k, v in metrics.items()})
+  step, out = run.checkpointer.latest_step(), run.evaluate(run.sampler.params)
   run.reporter.scalars(step, out)
   logging.info("eval of the policy at step %d: %s", step, {k: round(v, 4) for k, v in out.items() if "pass@" in k})
   return out
@@ -216,15 +192,16 @@ def train_stage(run: loop.Run, config: OfflineConfig, stage: int, workdir: str) 
                      f"batch of loop.batch_prompts={B}")
   logging.info("stage %d: the filter kept %d of %d groups; %d epoch(s) = %d steps of %d groups", stage, kept, total,
                epochs, steps, B)
-  layout = parallel.placement_from_config(cfg.mesh).trainer
+  layout = run.placement.trainer
   train_cfg = stage_train_config(cfg.trainer, steps, h.settings.temperature)
-  state = trainer.create_train_state(train_cfg, run.model, run.state.params, layout)
-  run.state = None  # the step donates its state, which may share buffers with the old one
+  params, run.state = run.state.params, None  # the old optimizer state goes before the new one is made
+  state = trainer.create_train_state(train_cfg, run.model, params, layout)
+  del params  # the step donates its state, which may share buffers with the old one
   state = state.replace(step=jax.device_put(np.int32(start_step), state.step.sharding))
   step_fn, schedule = trainer.make_train_step(train_cfg, run.model, layout, B), make_schedule(train_cfg.optim)
   base_key, pending = jax.random.PRNGKey(cfg.seed), None
-  # T from the rollouts' own budget (the loop's buffer also fits eval lengths, e.g. 64K against 32K here)
-  seq_len = max(len(p.prompt_tokens) for p in run.task.train) + h.settings.max_new_tokens - 1
+  # T from the stored rollouts' own budget and prompts (buffer.sequence_length: the one rule)
+  seq_len = sequence_length(max(len(p.prompt_tokens) for p in run.task.train), h.settings.max_new_tokens)
   for i, batch in enumerate(stage_batches(store, keep_by_chunk, B, epochs, (cfg.seed, stage), seq_len)):
     state, metrics = step_fn(state, batch, jax.random.fold_in(base_key, start_step + i))
     if pending is not None:
@@ -258,13 +235,13 @@ def close(run: loop.Run) -> None:
     run.task.close()
 
 
-def run_stages(cfg, workdir: str) -> dict[str, Any]:
-  """Every stage not yet trained (generate -> train -> eval), with an eval of the policy it starts from;
-  returns the summary (also written to the workdir). `pass@k after stage 0` is the starting policy."""
-  config = OfflineConfig.from_config(cfg.get("offline"))
+def run_stages(run: loop.Run, workdir: str) -> dict[str, Any]:
+  """Every stage of the run's `offline` section not yet trained (generate -> train -> eval), with an eval of
+  the policy it starts from; returns the summary (also written to the workdir). `pass@k after stage 0` is
+  the starting policy. `run` comes from run/assemble.setup; it is closed at the end."""
+  config = run.cfg.offline
   start = time.perf_counter()
-  run = loop.setup(cfg, workdir)
-  summary: dict[str, Any] = {"setup_seconds": time.perf_counter() - start}
+  summary: dict[str, Any] = {}
   try:
     ensure_start_checkpoint(run)
     first = run.meta.syncs_done + 1
@@ -288,56 +265,3 @@ def run_stages(cfg, workdir: str) -> dict[str, Any]:
     return summary
   finally:
     close(run)
-
-
-# ------------------------------------------------------------------------------ command line
-_COMMANDS = ("generate", "train", "run")
-
-
-def main(argv) -> None:
-  from absl import app  # pylint: disable=import-outside-toplevel
-  from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
-  from oapl_jax import distributed  # pylint: disable=import-outside-toplevel
-  if len(argv) != 2 or argv[1] not in _COMMANDS:
-    raise app.UsageError(f"usage: python -m oapl_jax.rl.offline {{{'|'.join(_COMMANDS)}}} --config FILE[:VARIANT] "
-                         f"--workdir DIR [--stage N] [--offline]; got {argv[1:]}")
-  command, cfg, workdir = argv[1], _FLAGS["config"].value, _FLAGS["workdir"].value
-  if command == "train" and not _FLAGS["offline"].value:
-    raise app.UsageError("`train` here trains on stored rollouts: pass --offline (online OAPL: python -m oapl_jax.main)")
-  absl_logging.set_stderrthreshold("info")
-  distributed.initialize()
-  if command == "run":
-    summary = run_stages(cfg, workdir)
-    print("\n=== offline OAPL finished ===")
-    for key, value in summary.items():
-      print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
-    return
-  config = OfflineConfig.from_config(cfg.get("offline"))
-  if command == "train" and not checkpoints.step_dirs(epath.Path(workdir) / "checkpoints")[0]:
-    raise app.UsageError(f"no checkpoint in {workdir}/checkpoints: run `generate` first")
-  run = loop.setup(cfg, workdir)
-  try:
-    ensure_start_checkpoint(run)
-    stage = _FLAGS["stage"].value or run.meta.syncs_done + 1
-    if command == "generate":
-      store = generate_stage(run, config, stage, workdir)
-      print(f"stage {stage}: {store.header.num_prompts} prompts x {store.header.group_size} in {store.directory}")
-    else:
-      stats = train_stage(run, config, stage, workdir)
-      policy_snapshot(run, stage + 1)
-      print(f"stage {stage}: {stats}; eval after it: {evaluate_policy(run)}")
-  finally:
-    close(run)
-
-
-_FLAGS: dict[str, Any] = {}
-
-if __name__ == "__main__":
-  from absl import app as _app, flags as _flags
-  from ml_collections import config_flags
-  _FLAGS.update(config=config_flags.DEFINE_config_file("config", None, "Experiment config (get_config) with `offline`."),
-                workdir=_flags.DEFINE_string("workdir", None, "Checkpoints, rollouts (rollouts/stage-N), logs."),
-                stage=_flags.DEFINE_integer("stage", None, "generate/train: the stage (default: the next one)."),
-                offline=_flags.DEFINE_bool("offline", False, "train: on stored rollouts (required)."))
-  _flags.mark_flags_as_required(["config", "workdir"])
-  _app.run(main)

@@ -8,32 +8,30 @@ import dataclasses
 
 import optax
 
+from oapl_jax import sections
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  lr: float = 1e-6
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  weight_decay: float = 0.0  # decoupled (AdamW), applied to every parameter like torch.optim.AdamW
-  max_grad_norm: float = 0.0  # global-norm clipping; 0 = off
-  schedule: str = "constant"  # 'constant' | 'cosine'
-  warmup_ratio: float = 0.0  # cosine: warmup steps = round(warmup_ratio * total_steps)
-  min_ratio: float = 0.0  # cosine: final lr = min_ratio * lr
-  total_steps: int = 0  # cosine: steps to reach the final lr
+  """The trainer's optimizer (defaults: the paper's math setting); the warm start has its own defaults."""
+  lr: float = sections.rule(1e-6, low=0, low_open=True)
+  b1: float = sections.rule(0.9, low=0, high=1, high_open=True)
+  b2: float = sections.rule(0.95, low=0, high=1, high_open=True)
+  eps: float = sections.rule(1e-8, low=0, low_open=True)
+  weight_decay: float = sections.rule(0.0, low=0)  # decoupled (AdamW), on every parameter like torch.optim.AdamW
+  max_grad_norm: float = sections.rule(1.0, low=0)  # global-norm clipping; 0 = off
+  schedule: str = sections.rule("constant", choices=("constant", "cosine"))
+  warmup_ratio: float = sections.rule(0.0, low=0, high=1, high_open=True)  # cosine: warmup = ratio * total_steps
+  min_ratio: float = sections.rule(0.0, low=0, high=1)  # cosine: final lr = min_ratio * lr
+  total_steps: int = sections.rule(0, low=0)  # cosine: steps to reach the final lr (0: the owner sets it)
 
   def __post_init__(self):
-    if self.schedule not in ("constant", "cosine"):
-      raise ValueError(f"OptimConfig.schedule={self.schedule!r}; expected 'constant' or 'cosine'")
-    if self.schedule == "cosine" and self.total_steps <= 0:
-      raise ValueError("OptimConfig.schedule='cosine' needs total_steps > 0")
-    if not 0.0 <= self.warmup_ratio < 1.0:
-      raise ValueError(f"OptimConfig.warmup_ratio={self.warmup_ratio} must be in [0, 1)")
-    if self.max_grad_norm < 0:
-      raise ValueError(f"OptimConfig.max_grad_norm={self.max_grad_norm} must be >= 0 (0 = off)")
+    sections.enforce(self)
 
 
 def make_schedule(cfg: OptimConfig) -> optax.Schedule:
+  if cfg.schedule == "cosine" and cfg.total_steps < 1:
+    raise ValueError("OptimConfig.schedule='cosine' needs total_steps >= 1")
   if cfg.schedule == "constant":
     return optax.constant_schedule(cfg.lr)
   return optax.warmup_cosine_decay_schedule(

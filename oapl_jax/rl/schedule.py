@@ -15,6 +15,32 @@ import math
 
 import numpy as np
 
+from oapl_jax import sections
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """The `loop` section (Algorithm 1): sync_every = L trainer steps per window, num_syncs windows; a step
+  samples batch_prompts groups of group_size; the sampler adds chunks of prompts_per_rollout prompts; step
+  s of a window may use the first min(1 + s // steps_per_rollout, chunks) chunks; the fresh snapshot is
+  evaluated every eval_every_syncs windows."""
+  sync_every: int = sections.rule(50, low=1)
+  num_syncs: int = sections.rule(10, low=1)
+  batch_prompts: int = sections.rule(128, low=1)
+  prompts_per_rollout: int = sections.rule(128, low=1)
+  group_size: int = sections.rule(8, low=1)
+  steps_per_rollout: int = sections.rule(2, low=1)
+  eval_every_syncs: int = sections.rule(1, low=1)
+
+  def __post_init__(self):
+    sections.enforce(self)
+    if self.batch_prompts > self.prompts_per_rollout:
+      raise ValueError(f"loop.batch_prompts={self.batch_prompts}: exceeds loop.prompts_per_rollout="
+                       f"{self.prompts_per_rollout}: a step would need groups from chunks not yet visible")
+
+  def schedule(self) -> "WindowSchedule":
+    return WindowSchedule(self.sync_every, self.steps_per_rollout, self.prompts_per_rollout)
+
 
 @dataclasses.dataclass(frozen=True)
 class WindowSchedule:

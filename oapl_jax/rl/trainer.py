@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from oapl_jax import objectives, parallel
+from oapl_jax import objectives, parallel, sections
 from oapl_jax.models.api import CausalLM
 from oapl_jax.parallel import Layout
 from oapl_jax.rl.optim import OptimConfig, make_optimizer, make_schedule
@@ -36,43 +36,45 @@ from oapl_jax.rl.optim import OptimConfig, make_optimizer, make_schedule
 Batch = Mapping[str, jax.Array]
 
 
+def _loss_settings(per_loss, path: str, problems: sections.Problems, section: Mapping[str, Any]):
+  """The `trainer.loss_settings` field: {loss name: its settings}, of which the chosen loss's is built."""
+  if not isinstance(per_loss, Mapping) and not hasattr(per_loss, "items"):
+    problems.add(path, per_loss, "must be a mapping")
+    return sections.MISSING
+  per_loss = dict(per_loss.items())
+  for name in sorted(set(per_loss) - set(objectives.LOSSES), key=str):
+    problems.add(f"{path}.{name}", sections.MISSING, f"not a loss; known: {sorted(objectives.LOSSES)}")
+  loss = section.get("loss", "oapl")
+  if loss not in objectives.LOSSES:
+    return sections.MISSING  # the loss field reports it
+  return objectives.build_settings(loss, per_loss.get(loss), f"{path}.{loss}", problems)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  loss: str = "oapl"  # a name in objectives.LOSSES
-  loss_settings: Any = objectives.OAPLSettings()  # that loss's own typed settings
+  """The `trainer` section. In a config, loss_settings = {loss name: its settings}; only the chosen
+  loss's entry is read (the others keep their defaults, so a sweep over `loss` needs no edits)."""
+  loss: str = sections.rule("oapl", choices=tuple(objectives.LOSSES))
+  loss_settings: Any = sections.rule(default_factory=objectives.OAPLSettings, convert=_loss_settings)
   optim: OptimConfig = OptimConfig()
-  micro_batches: int = 1  # gradient accumulation: the batch is split along B into this many
-  temperature: float = 1.0  # the sampler's temperature; policy log-probs use logits / temperature
+  micro_batches: int = sections.rule(1, low=1)  # gradient accumulation: the batch is split along B into this many
+  # the sampler's temperature (set from the sampler section); policy log-probs use logits / temperature
+  temperature: float = sections.rule(1.0, low=0, low_open=True, internal=True)
 
   def __post_init__(self):
-    if self.loss not in objectives.LOSSES:
-      raise ValueError(f"TrainConfig.loss={self.loss!r}; known losses: {sorted(objectives.LOSSES)}")
+    sections.enforce(self)
     wanted = objectives.LOSSES[self.loss].settings_type
     if not isinstance(self.loss_settings, wanted):
       raise TypeError(f"TrainConfig.loss={self.loss!r} takes {wanted.__name__}, got {type(self.loss_settings).__name__}")
-    if self.micro_batches < 1:
-      raise ValueError(f"TrainConfig.micro_batches={self.micro_batches} must be >= 1")
-    if not self.temperature > 0:
-      raise ValueError(f"TrainConfig.temperature={self.temperature} must be > 0")
+    if self.optim.schedule == "cosine" and self.optim.total_steps < 1:
+      raise ValueError(f"trainer.optim.schedule='cosine': needs trainer.optim.total_steps >= 1 (it is "
+                       f"{self.optim.total_steps})")
 
-  @classmethod
-  def from_config(cls, cfg: Mapping[str, Any]) -> "TrainConfig":
-    """From a ConfigDict/dict: top-level fields, `optim`, and `loss_settings` = {loss name: its settings},
-    of which only the chosen loss's entry is read."""
-    values = dict(cfg.items())
-    loss = values.get("loss", "oapl")
-    per_loss = dict(values.pop("loss_settings", None) or {})
-    values["loss_settings"] = objectives.settings_from_config(loss, per_loss.get(loss))
-    values["optim"] = _build(OptimConfig, values.get("optim"), "optim")
-    return _build(cls, values, "trainer")
-
-
-def _build(kind, values: Optional[Mapping[str, Any]], where: str):
-  values = dict(values.items()) if values is not None else {}
-  unknown = set(values) - {f.name for f in dataclasses.fields(kind)}
-  if unknown:
-    raise ValueError(f"{where}: unknown settings {sorted(unknown)} for {kind.__name__}")
-  return kind(**values)
+  @staticmethod
+  def default_loss_settings() -> dict:
+    """Every loss's default settings, as the config lists them (config_base)."""
+    return {name: sections.to_mapping(spec.settings_type()) for name, spec in objectives.LOSSES.items()
+            if name != "sft"}
 
 
 @flax.struct.dataclass

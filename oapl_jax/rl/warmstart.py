@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from oapl_jax import objectives, parallel
+from oapl_jax import objectives, parallel, sections
 from oapl_jax.models.api import CausalLM
 from oapl_jax.parallel import Layout
 from oapl_jax.rl import trainer
@@ -22,18 +22,23 @@ from oapl_jax.tasks.base import Demonstration
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-  steps: int = 0  # 0: no warm start
-  batch_size: int = 0
-  optim: OptimConfig = OptimConfig()  # total_steps is set to `steps` when the schedule needs it
+  """The `warmstart` section: supervised steps on the task's demonstrations before RL (0 = none). A cosine
+  schedule with optim.total_steps = 0 spans the whole warm start."""
+  steps: int = sections.rule(0, low=0)
+  batch_size: int = sections.rule(0, low=0)
+  optim: OptimConfig = OptimConfig(lr=1e-4, b2=0.98, weight_decay=0.01, schedule="cosine", warmup_ratio=0.05,
+                                   min_ratio=0.1)
 
-  @classmethod
-  def from_config(cls, cfg: Mapping[str, Any]) -> "WarmStartConfig":
-    """From the `warmstart` config section; a cosine schedule without total_steps spans the warm start."""
-    values = dict(cfg.items())
-    optim = dict(values.pop("optim", {}))
-    if optim.get("schedule") == "cosine" and not optim.get("total_steps"):
-      optim["total_steps"] = max(1, values.get("steps", 0))
-    return cls(**values, optim=OptimConfig(**optim))
+  def __post_init__(self):
+    sections.enforce(self)
+    if self.steps and self.batch_size < 1:
+      raise ValueError(f"warmstart.batch_size={self.batch_size}: must be >= 1 when warmstart.steps > 0")
+
+  def optimizer(self) -> OptimConfig:
+    """optim, with a cosine schedule's total_steps = 0 read as the whole warm start."""
+    if self.optim.schedule == "cosine" and not self.optim.total_steps:
+      return dataclasses.replace(self.optim, total_steps=max(1, self.steps))
+    return self.optim
 
 
 def pack_demonstrations(examples: Sequence[Demonstration], seq_len: int) -> dict[str, np.ndarray]:
@@ -50,7 +55,7 @@ def warm_start(examples: Sequence[Demonstration], params, model: CausalLM, layou
   """Returns params after `config.steps` optimizer steps of NLL on `examples`."""
   if config.batch_size > len(examples):
     raise ValueError(f"warmstart.batch_size={config.batch_size} exceeds the {len(examples)} demonstrations")
-  train_config = trainer.TrainConfig(loss="sft", loss_settings=objectives.SFTSettings(), optim=config.optim)
+  train_config = trainer.TrainConfig(loss="sft", loss_settings=objectives.SFTSettings(), optim=config.optimizer())
   state = trainer.create_train_state(train_config, model, params, layout)
   step_fn = trainer.make_train_step(train_config, model, layout)
   data = pack_demonstrations(examples, seq_len)

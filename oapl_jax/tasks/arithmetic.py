@@ -10,8 +10,11 @@ import hashlib
 import operator
 from typing import Sequence
 
+import dataclasses
+
 import numpy as np
 
+from oapl_jax import sections
 from oapl_jax.tasks import base, char_tokenizer, synthetic_draw
 from oapl_jax.tasks import rewards
 
@@ -106,7 +109,22 @@ def make_task(num_train: int = 2048, num_held_out: int = 256, *, seed: int = 0,
       demonstrations=lambda demo_seed: sft_examples(train, tokenizer, slip_rate=teacher_slip_rate, seed=demo_seed))
 
 
-def from_config(cfg) -> base.Task:
-  """The `task` config section (config_base.arithmetic_task) -> Task."""
-  return make_task(cfg["num_train"], cfg["num_held_out"], seed=cfg["seed"], num_digits=cfg["num_digits"],
-                   operations=tuple(cfg["operations"]), teacher_slip_rate=cfg["teacher_slip_rate"])
+@dataclasses.dataclass(frozen=True)
+class ArithmeticSettings:
+  """task.name='arithmetic'. teacher_slip_rate: the fraction of warm-start demonstrations whose last digit is
+  off by one."""
+  name: str = "arithmetic"
+  num_digits: int = sections.rule(2, low=1)
+  operations: tuple[str, ...] = sections.rule(("+",), choices=tuple(OPERATIONS), nonempty=True)
+  num_train: int = sections.rule(4096, low=1)
+  num_held_out: int = sections.rule(256, low=1)
+  seed: int = sections.rule(0, low=0)
+  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
+
+  def __post_init__(self):
+    sections.enforce(self)
+
+
+def from_config(cfg: ArithmeticSettings) -> base.Task:
+  return make_task(cfg.num_train, cfg.num_held_out, seed=cfg.seed, num_digits=cfg.num_digits,
+                   operations=tuple(cfg.operations), teacher_slip_rate=cfg.teacher_slip_rate)

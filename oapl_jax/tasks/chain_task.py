@@ -20,8 +20,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping, Optional, Sequence
 
+import dataclasses
+
 import numpy as np
 
+from oapl_jax import sections
 from oapl_jax.tasks import base, char_tokenizer, rewards, synthetic_draw
 from oapl_jax.tasks.char_tokenizer import EOS
 
@@ -122,8 +125,24 @@ def make_task(num_train: int = 4096, num_held_out: int = 256, *, seed: int = 0, 
       demonstrations=lambda demo_seed: sft_examples(train, tokenizer, slip_rate=teacher_slip_rate, seed=demo_seed))
 
 
-def from_config(cfg: Mapping[str, Any]) -> base.Task:
-  """The `task` config section -> Task (task.name = 'oapl_jax.tasks.chain_task:from_config')."""
-  return make_task(int(cfg["num_train"]), int(cfg["num_held_out"]), seed=int(cfg["seed"]),
-                   num_terms=int(cfg["num_terms"]), num_digits=int(cfg.get("num_digits", 2)),
-                   teacher_slip_rate=float(cfg["teacher_slip_rate"]))
+@dataclasses.dataclass(frozen=True)
+class ChainSettings:
+  """task.name='chain'."""
+  name: str = "chain"
+  num_terms: int = sections.rule(7, low=2)
+  num_digits: int = sections.rule(2, low=1)
+  num_train: int = sections.rule(4096, low=1)
+  num_held_out: int = sections.rule(256, low=1)
+  seed: int = sections.rule(0, low=0)
+  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
+
+  def __post_init__(self):
+    sections.enforce(self)
+
+
+def from_config(cfg: ChainSettings) -> base.Task:
+  return make_task(cfg.num_train, cfg.num_held_out, seed=cfg.seed, num_terms=cfg.num_terms, num_digits=cfg.num_digits,
+                   teacher_slip_rate=cfg.teacher_slip_rate)
+
+
+from_config.settings = ChainSettings  # task.name='oapl_jax.tasks.chain_task:from_config' also gets typed settings

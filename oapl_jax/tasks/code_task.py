@@ -17,8 +17,11 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
+import dataclasses
+
 import numpy as np
 
+from oapl_jax import sections
 from oapl_jax.tasks import base, char_tokenizer, code_reward, rewards, sources, synthetic_draw
 
 from oapl_jax.tasks.char_tokenizer import BOS, EOS, PAD  # noqa: F401  (re-exported)
@@ -139,11 +142,29 @@ def make_task(num_train: int = 96, num_held_out: int = 32, *, seed: int = 0, num
                                                     copies=teacher_copies))
 
 
-def from_config(cfg: Mapping[str, Any]) -> base.Task:
-  """The `task` section of configs/code.py:smoke -> Task."""
-  return make_task(cfg["num_train"], cfg["num_held_out"], seed=cfg["seed"], num_digits=cfg["num_digits"],
-                   held_out_fraction=cfg["held_out_fraction"], teacher_slip_rate=cfg["teacher_slip_rate"],
-                   teacher_copies=cfg["teacher_copies"], reward_workers=cfg["reward_workers"], reward_timeout_s=cfg["reward_timeout_s"])
+@dataclasses.dataclass(frozen=True)
+class CodeSyntheticSettings:
+  """task.name='code_synthetic' (configs/code.py:smoke)."""
+  name: str = "code_synthetic"
+  num_digits: int = sections.rule(1, low=1, high=3)
+  num_train: int = sections.rule(96, low=1)
+  num_held_out: int = sections.rule(32, low=1)
+  held_out_fraction: float = sections.rule(0.25, low=0, high=1, low_open=True, high_open=True)
+  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
+  teacher_copies: int = sections.rule(1, low=1)
+  reward_workers: int = sections.rule(2, low=1)
+  reward_timeout_s: float = sections.rule(2.0, low=0, low_open=True)
+  seed: int = sections.rule(0, low=0)
+
+  def __post_init__(self):
+    sections.enforce(self)
+
+
+def from_config(cfg: CodeSyntheticSettings) -> base.Task:
+  return make_task(cfg.num_train, cfg.num_held_out, seed=cfg.seed, num_digits=cfg.num_digits,
+                   held_out_fraction=cfg.held_out_fraction, teacher_slip_rate=cfg.teacher_slip_rate,
+                   teacher_copies=cfg.teacher_copies, reward_workers=cfg.reward_workers,
+                   reward_timeout_s=cfg.reward_timeout_s)
 
 
 # ---- DeepCoder / LiveCodeBench records ----

@@ -2,7 +2,7 @@
 
     problems, counts = validate_problems(problems, where="task.train_path /d/train.jsonl", max_prompt_tokens=1024,
                                          locations=locations)   # locations from sources.load_jsonl(with_locations=True)
-    task, counts = validate_task(cfg, task)   # every set of a Task, with the config's `validation` policy
+    task, counts = validate_task(task, Demands(max_prompt_tokens=1024, policy=ValidationConfig()))
 
 Errors are sources.DataError naming the set and the file and line (or record); skips and duplicates are
 counted and logged. Re-exported by oapl_jax.validation, the one entry point for checks before compute.
@@ -13,11 +13,11 @@ import dataclasses
 import logging
 from typing import Sequence
 
+from oapl_jax import sections
 from oapl_jax.tasks.base import Problem, Task
 from oapl_jax.tasks.sources import DataError
 
 log = logging.getLogger(__name__)
-VALIDATION_DEFAULTS = dict(on_oversized="error", on_duplicates="keep")  # when the config has no `validation`
 
 
 def validate_problems(problems: Sequence[Problem], *, where: str, max_prompt_tokens: int,
@@ -79,26 +79,39 @@ def validate_problems(problems: Sequence[Problem], *, where: str, max_prompt_tok
   return kept, counts
 
 
-def _where(task_cfg, task_name: str, set_name: str) -> str:
+def _where(task_settings, task_name: str, set_name: str) -> str:
   """'task.train_path /d/train.jsonl', 'task.eval_paths.aime25 /d/aime25.jsonl', or 'task 'arithmetic' train set'."""
-  field, paths = ("train_path", task_cfg) if set_name == "train" else (f"eval_paths.{set_name}",
-                                                                        dict(task_cfg.get("eval_paths", {})))
-  key = "train_path" if set_name == "train" else set_name
-  return f"task.{field} {paths[key]}" if key in paths else f"task {task_name!r} {set_name} set"
+  get = (lambda k: task_settings.get(k)) if isinstance(task_settings, dict) else \
+      (lambda k: getattr(task_settings, k, None))  # noqa: E731
+  if set_name == "train":
+    path, field = get("train_path"), "train_path"
+  else:
+    path, field = dict(get("eval_paths") or {}).get(set_name), f"eval_paths.{set_name}"
+  return f"task.{field} {path}" if path else f"task {task_name!r} {set_name} set"
 
 
-def validate_task(cfg, task: Task, *, locations: dict[str, Sequence[str]] | None = None,
-                  vocab_size: int | None = None) -> tuple[Task, dict[str, dict[str, int]]]:
-  """validate_problems over the task's train set and every eval set (with the config's `validation`
-  policy and sampler.max_prefill_length), plus the warm start's demonstrations.
+@dataclasses.dataclass(frozen=True)
+class Demands:
+  """What the run asks of a task's data: prompt length, vocabulary, and the warm start's demonstrations."""
+  max_prompt_tokens: int
+  policy: "ValidationConfig"
+  warmstart_steps: int = 0
+  warmstart_batch: int = 0
+  seed: int = 0
+  vocab_size: int | None = None
+
+
+def validate_task(task: Task, demands: Demands, *, task_settings=None,
+                  locations: dict[str, Sequence[str]] | None = None) -> tuple[Task, dict[str, dict[str, int]]]:
+  """validate_problems over the task's train set and every eval set, plus the warm start's demonstrations.
+  task_settings: the task's config section (for file names in messages).
 
   locations: optional {"train" | eval set name: per-record locations}. Returns (the task with the kept
   problems, {set: counts}); eval prompts that also appear in the train set are counted and logged."""
-  policy = dict(VALIDATION_DEFAULTS, **(dict(cfg["validation"].items()) if "validation" in cfg else {}))
-  kw = dict(max_prompt_tokens=cfg["sampler"]["max_prefill_length"], vocab_size=vocab_size,
-            on_oversized=policy["on_oversized"], on_duplicates=policy["on_duplicates"])
+  kw = dict(max_prompt_tokens=demands.max_prompt_tokens, vocab_size=demands.vocab_size,
+            on_oversized=demands.policy.on_oversized, on_duplicates=demands.policy.on_duplicates)
   locations, counts = locations or {}, {}
-  where = {name: _where(cfg["task"], task.name, name) for name in ("train", *task.eval_sets)}
+  where = {name: _where(task_settings, task.name, name) for name in ("train", *task.eval_sets)}
   train, counts["train"] = validate_problems(task.train, where=where["train"], locations=locations.get("train"), **kw)
   if not task.eval_sets:
     log.warning("task %r has no eval sets: nothing will be evaluated", task.name)
@@ -108,11 +121,22 @@ def validate_task(cfg, task: Task, *, locations: dict[str, Sequence[str]] | None
     counts[name]["in_train"] = sum(tuple(p.prompt_tokens) in seen for p in eval_sets[name])
     if counts[name]["in_train"]:
       log.warning("eval set %r: %d prompt(s) also in the train set", name, counts[name]["in_train"])
-  steps, batch = cfg["warmstart"]["steps"], cfg["warmstart"]["batch_size"]
+  steps, batch = demands.warmstart_steps, demands.warmstart_batch
   if steps:
     if task.demonstrations is None:
       raise DataError(f"warmstart.steps={steps}, but task {task.name!r} has no demonstrations")
-    available = len(task.demonstrations(cfg["seed"]))
+    available = len(task.demonstrations(demands.seed))
     if batch > available:
       raise DataError(f"warmstart.batch_size={batch} exceeds the {available} demonstrations of task {task.name!r}")
   return dataclasses.replace(task, train=train, eval_sets=eval_sets), counts
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationConfig:
+  """The `validation` section: prompts longer than sampler.max_prefill_length are an "error" or a counted
+  "skip"; duplicate records are kept ("keep") or dropped ("drop"), and counted either way."""
+  on_oversized: str = sections.rule("error", choices=("error", "skip"))
+  on_duplicates: str = sections.rule("keep", choices=("keep", "drop"))
+
+  def __post_init__(self):
+    sections.enforce(self)

@@ -13,10 +13,11 @@ budget (no eos) scores `unfinished_reward` and is never shown to the reward.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Any, Mapping
 
+from oapl_jax import sections
 from oapl_jax.tasks import base, char_tokenizer, rewards, sources
 from oapl_jax.tasks.templates import ChatTokenizer
 
@@ -29,12 +30,62 @@ class PrintableTokenizer(char_tokenizer.CharTokenizer):
   vocab_size, name = 128, "printable ASCII"
 
 
-def _tokenizer(cfg: Mapping[str, Any]):
-  if cfg["tokenizer"] == CHARS_TOKENIZER:
+@dataclasses.dataclass(frozen=True)
+class RecordsSettings:
+  """task.name='records': your own task from data files. Sources are .jsonl, .parquet or tfds:NAME/SPLIT.
+  Each record's prompt is record[prompt_key] + instruction_suffix (an HF tokenizer's chat template wraps it,
+  with system_prompt); reward: a name in tasks/rewards.REWARDS, or 'package.module:function' to
+  `score(record, response) -> float` (it gets the prompt's whole record; else record[answer_key] is the
+  answer). tokenizer: "chars" (printable ASCII, tiny models) or an HF checkpoint directory.
+  demonstrations_path: records with prompt_key (the same key as the prompts) and completion_key, for the warm
+  start. unfinished_reward: what a response cut at the token budget scores with "chars"."""
+  name: str = "records"
+  train_path: str = ""
+  eval_paths: dict = dataclasses.field(default_factory=dict)
+  reward: str = "exact_match"
+  tokenizer: str = CHARS_TOKENIZER
+  demonstrations_path: str = ""
+  prompt_key: str = "prompt"
+  answer_key: str = "answer"
+  completion_key: str = "completion"
+  system_prompt: str = ""
+  instruction_suffix: str = ""
+  max_train: int = sections.rule(0, low=0)
+  unfinished_reward: float = sections.rule(0.0, low=-1e9)
+
+  def __post_init__(self):
+    sections.enforce(self)
+
+  @property
+  def has_demonstrations(self) -> bool:
+    return bool(self.demonstrations_path)
+
+
+def check(cfg: RecordsSettings) -> list[str]:
+  """What can be checked before compute: the sources exist, the tokenizer and the reward resolve."""
+  problems = sources.missing_sources({"task.train_path": cfg.train_path,
+                                      **{f"task.eval_paths.{k}": v for k, v in cfg.eval_paths.items()},
+                                      **({"task.demonstrations_path": cfg.demonstrations_path}
+                                         if cfg.demonstrations_path else {})})
+  if cfg.tokenizer != CHARS_TOKENIZER and not os.path.isdir(os.path.expanduser(cfg.tokenizer)):
+    problems.append(f"task.tokenizer={cfg.tokenizer!r}: must be 'chars' or an HF checkpoint directory")
+  if ":" in cfg.reward:
+    try:
+      rewards.import_score(cfg.reward)
+    except ValueError as e:
+      problems.append(f"task.reward={cfg.reward!r}: {e}")
+  elif cfg.reward not in rewards.REWARDS:
+    problems.append(f"task.reward={cfg.reward!r}: must be one of {sorted(rewards.REWARDS)} or "
+                    "'package.module:function'")
+  return problems
+
+
+def _tokenizer(cfg: RecordsSettings):
+  if cfg.tokenizer == CHARS_TOKENIZER:
     return PrintableTokenizer()
-  path = os.path.expanduser(cfg["tokenizer"])
+  path = os.path.expanduser(cfg.tokenizer)
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"config field task.tokenizer: {cfg['tokenizer']!r} is neither {CHARS_TOKENIZER!r} "
+    raise FileNotFoundError(f"config field task.tokenizer: {cfg.tokenizer!r} is neither {CHARS_TOKENIZER!r} "
                             f"nor an HF checkpoint directory")
   return ChatTokenizer(path)
 
@@ -46,20 +97,19 @@ def _encode(tokenizer, text: str, where: str) -> list[int]:
     raise sources.DataError(f"{where}: {e}") from None
 
 
-def _prompt_tokens(tokenizer, prompt: str, cfg: Mapping[str, Any], where: str) -> tuple[int, ...]:
+def _prompt_tokens(tokenizer, prompt: str, cfg: RecordsSettings, where: str) -> tuple[int, ...]:
   if isinstance(tokenizer, ChatTokenizer):  # the template renders its own special tokens
-    return tokenizer.prompt_tokens(prompt, cfg["system_prompt"] or None, cfg["instruction_suffix"])
-  return (tokenizer.bos_id, *_encode(tokenizer, prompt + cfg["instruction_suffix"], where))
+    return tokenizer.prompt_tokens(prompt, cfg.system_prompt or None, cfg.instruction_suffix)
+  return (tokenizer.bos_id, *_encode(tokenizer, prompt + cfg.instruction_suffix, where))
 
 
-def from_config(cfg: Mapping[str, Any]) -> base.Task:
-  """The `task` config section (config_base.records_task) -> Task."""
+def from_config(cfg: RecordsSettings) -> base.Task:
   tokenizer = _tokenizer(cfg)
-  record_reward = ":" in cfg["reward"]
-  answer_key = "" if record_reward else cfg["answer_key"]  # a record reward finds its answer in the record
+  record_reward = ":" in cfg.reward
+  answer_key = "" if record_reward else cfg.answer_key  # a record reward finds its answer in the record
 
   def problems(spec: str, field: str, limit: int = 0) -> list[base.Problem]:
-    records = sources.load_source(spec, field, cfg["prompt_key"], answer_key, keep_fields=record_reward)
+    records = sources.load_source(spec, field, cfg.prompt_key, answer_key, keep_fields=record_reward)
     out = []
     for i, r in enumerate(records[:limit or None]):
       # A record reward reads the whole record, so it travels as the problem's answer (JSON).
@@ -68,21 +118,21 @@ def from_config(cfg: Mapping[str, Any]) -> base.Task:
                               prompt_tokens=_prompt_tokens(tokenizer, r["problem"], cfg, f"{spec} record {i}")))
     return out
 
-  train = problems(cfg["train_path"], "train_path", cfg["max_train"])
-  eval_sets = {name: problems(spec, f"eval_paths.{name}") for name, spec in dict(cfg["eval_paths"]).items()}
-  reward = rewards.reward_by_name(cfg["reward"])
+  train = problems(cfg.train_path, "train_path", cfg.max_train)
+  eval_sets = {name: problems(spec, f"eval_paths.{name}") for name, spec in dict(cfg.eval_paths).items()}
+  reward = rewards.reward_by_name(cfg.reward)
   if isinstance(tokenizer, PrintableTokenizer):
-    reward = rewards.FinishedOnly(reward, char_tokenizer.EOS, cfg["unfinished_reward"])
+    reward = rewards.FinishedOnly(reward, char_tokenizer.EOS, cfg.unfinished_reward)
 
   demonstrations = None
-  if cfg["demonstrations_path"]:
-    spec = cfg["demonstrations_path"]
+  if cfg.demonstrations_path:
+    spec = cfg.demonstrations_path
     demos = []
-    for i, r in enumerate(sources.load_source(spec, "demonstrations_path", cfg["prompt_key"], cfg["completion_key"])):
+    for i, r in enumerate(sources.load_source(spec, "demonstrations_path", cfg.prompt_key, cfg.completion_key)):
       where = f"{spec} record {i}"
       completion = (*_encode(tokenizer, r["answer"], where), tokenizer.eos_id)
       demos.append(base.Demonstration(_prompt_tokens(tokenizer, r["problem"], cfg, where), completion))
     demonstrations = lambda seed: demos  # noqa: E731  (the warm start shuffles by its own seed)
 
-  return base.Task(name=os.path.basename(cfg["train_path"]) or "records", tokenizer=tokenizer, train=train,
+  return base.Task(name=os.path.basename(cfg.train_path) or "records", tokenizer=tokenizer, train=train,
                    eval_sets=eval_sets, reward_fn=rewards.Guarded(reward), demonstrations=demonstrations)

@@ -169,3 +169,15 @@ def load_source(spec: str, field: str, problem_key: str = "problem", answer_key:
   if spec.endswith(".parquet"):
     return load_parquet(spec, problem_key, answer_key, keep_fields=keep_fields)
   raise ValueError(f"config field task.{field}: {spec} is neither .jsonl, .parquet nor tfds:NAME/SPLIT")
+
+
+def missing_sources(specs: Mapping[str, Any]) -> list[str]:
+  """'field=spec: why' for each {config field: source spec} that is not a path to a file or 'tfds:NAME/SPLIT'
+  (checked before compute; reading happens when the task is built)."""
+  problems = []
+  for field, spec in specs.items():
+    if not isinstance(spec, str) or not spec:
+      problems.append(f"{field}={spec!r}: must be a path or 'tfds:NAME/SPLIT'")
+    elif not spec.startswith("tfds:") and not os.path.isfile(os.path.expanduser(spec)):
+      problems.append(f"{field}={spec!r}: no such file")
+  return problems

@@ -1,8 +1,8 @@
 """Train-step throughput: our jitted OAPL step vs the same step in PyTorch + transformers.
 
-    python -m oapl_jax.benchmarks.train_bench                 # B=8 prompts x G=8, T=128, tiny Qwen3
-    python -m oapl_jax.benchmarks.train_bench --batch 4 --seq_len 256 --rounds 5
-    python -m oapl_jax.benchmarks.train_bench --single_thread   # both on one CPU thread (busy machines)
+    python -m benchmarks.train_bench                 # B=8 prompts x G=8, T=128, tiny Qwen3
+    python -m benchmarks.train_bench --batch 4 --seq_len 256 --rounds 5
+    python -m benchmarks.train_bench --single_thread   # both on one CPU thread (busy machines)
 
 Both sides start from the same tiny random Qwen3 checkpoint (written with transformers) and run
 the same batch: policy log-probs at the sampler temperature, the OAPL loss (Eq. 2-3), global-norm

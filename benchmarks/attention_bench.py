@@ -1,7 +1,7 @@
 """Attention memory and time against sequence length: reference (full scores) vs blockwise.
 
-    python -m oapl_jax.benchmarks.attention_bench                       # T = 512..4096, B=1, H=4, K=2, D=64
-    python -m oapl_jax.benchmarks.attention_bench --lengths 1024,8192 --block 256 --rounds 5
+    python -m benchmarks.attention_bench                       # T = 512..4096, B=1, H=4, K=2, D=64
+    python -m benchmarks.attention_bench --lengths 1024,8192 --block 256 --rounds 5
 
 For each T both kernels are jitted as forward + backward (gradients of <out, cotangent> w.r.t. q, k
 and v, causal, index positions, no padding). Printed per T: XLA's compiled temporary bytes, the

@@ -1,7 +1,7 @@
 """Sandbox throughput: program runs per second through SandboxPool, at several worker counts.
 
-    python -m oapl_jax.benchmarks.sandbox_bench
-    python -m oapl_jax.benchmarks.sandbox_bench --workers 1,2,4,8,16 --runs 64
+    python -m benchmarks.sandbox_bench
+    python -m benchmarks.sandbox_bench --workers 1,2,4,8,16 --runs 64
 
 Programs: `trivial` (print one line), `cpu_1s` (spins 1 s of CPU time), `sleep_1s` (sleeps 1 s),
 and `harness_10` (the code reward's harness with 10 stdin tests of a trivial solution: one

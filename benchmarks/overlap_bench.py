@@ -1,8 +1,8 @@
 """Do the sampler and the trainer overlap? The same run with rollouts in their own thread (the loop's
 default) and inline in the trainer's thread (what several CPU processes must use), side by side.
 
-    python -m oapl_jax.benchmarks.overlap_bench                 # 8 fake CPU devices: trainer 0-3, sampler 4-7
-    python -m oapl_jax.benchmarks.overlap_bench --rounds 3 --config configs/claims.py:chain,smoke
+    python -m benchmarks.overlap_bench                 # 8 fake CPU devices: trainer 0-3, sampler 4-7
+    python -m benchmarks.overlap_bench --rounds 3 --config configs/claims.py:chain,smoke
 
 Each round runs both modes (alternating which goes first) from the same config and seed in fresh
 workdirs after one warm-up run of each (compiles). It prints, per mode, the median wall seconds of
@@ -25,13 +25,12 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from oapl_jax import sweep  # noqa: E402
+from oapl_jax.run import assemble, files  # noqa: E402
 from oapl_jax.rl import loop  # noqa: E402
 
 
 def load_config(spec: str, sampler_devices: int, num_syncs: int):
-  module, arg = sweep.load_config_module(spec)
-  cfg = module.get_config(arg)
+  cfg = files.load(spec)
   cfg.mesh.sampler_devices = sampler_devices
   cfg.loop.num_syncs = num_syncs
   cfg.loop.eval_every_syncs = 1_000_000  # generation for training only (one eval at the start)
@@ -41,7 +40,7 @@ def load_config(spec: str, sampler_devices: int, num_syncs: int):
 
 def run_once(cfg, inline: bool, root: str) -> dict:
   workdir = tempfile.mkdtemp(dir=root)
-  run = loop.setup(cfg, workdir)
+  run = assemble.setup(cfg, workdir)
   start = time.perf_counter()
   with contextlib.redirect_stdout(io.StringIO()):
     loop.train(run, inline_rollouts=inline)

@@ -1,7 +1,7 @@
 """A task's held-out problems split into a validation set (the loop evaluates it; hyperparameters are
 chosen on it) and a test set (scored once at the end by the claims harness, never seen by a choice).
 
-  task.name = "oapl_jax.experiments.split_task:from_config"
+  task.name = "experiments.split_task:from_config"
   task.base = <any task section: a factory.TASKS name or an import path>, task.num_val, task.num_test
 
 The base task must have exactly one eval set with at least num_val + num_test problems; the first

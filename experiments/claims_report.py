@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from oapl_jax import sweep
-from oapl_jax.experiments import claims
+from experiments import claims
 
 CURVE_KEY = "eval/val/pass@1"
 COLLAPSE_FRACTION = 0.5  # pass@1 falling to half its best
@@ -167,7 +167,7 @@ def _target(by: dict, start: dict) -> float:
 
 def _setup_lines(study, runs_dir, results, start, target) -> list[str]:
   any_run = next(iter(results.values()), None)
-  lines = [f"Command: `python -m oapl_jax.experiments.claims --task {study.task} --out <dir>"
+  lines = [f"Command: `python -m experiments.study --task {study.task} --out <dir>"
            f"{' --smoke' if study.smoke else ''}`; runs in `{runs_dir}`; config `{os.path.relpath(study.config_spec)}`.", "",
            f"Losses {', '.join(study.losses)}; lags {', '.join(map(str, study.lags))} (grpo_onpolicy: 1); "
            f"seeds {', '.join(map(str, study.seeds))}; {len(results)} runs finished."]

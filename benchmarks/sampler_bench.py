@@ -1,7 +1,7 @@
 """Sampler throughput: our rollout driver vs `transformers` PyTorch `generate`, same tiny checkpoint.
 
-    python -m oapl_jax.benchmarks.sampler_bench                 # batch 1, 16, 64; 128 new tokens
-    python -m oapl_jax.benchmarks.sampler_bench --batches 64 --new_tokens 256 --repeats 11
+    python -m benchmarks.sampler_bench                 # batch 1, 16, 64; 128 new tokens
+    python -m benchmarks.sampler_bench --batches 64 --new_tokens 256 --repeats 11
 
 Both sample at temperature 1 (top-p 1, no top-k), never stop early, and are warmed up first: the
 printed tokens/s exclude compilation (JAX's compile + first run is reported separately). The two
@@ -78,7 +78,7 @@ def time_interleaved(ours, theirs, repeats):
 
 
 def time_refresh(model, trainer_params, dtype):
-  sampler = core.Sampler(model.with_dtypes(param_dtype=dtype, dtype=dtype), num_slots=1, max_prefill_length=16)
+  sampler = core.Sampler(model.with_execution(param_dtype=dtype, dtype=dtype, remat=False), num_slots=1, max_prefill_length=16)
   sampler.refresh(trainer_params)  # compiles the cast
   times = []
   for _ in range(3):

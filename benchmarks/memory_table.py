@@ -1,8 +1,8 @@
 """Per-chip memory of the Qwen3-4B OAPL train step (configs/math.py) on a TPU slice, against T.
 
-    python -m oapl_jax.benchmarks.memory_table                  # v5p-64, T = 2K..32K, 32 prompts x 8, 1 micro-batch
-    python -m oapl_jax.benchmarks.memory_table --prompts 64 --micro_batches 4 --seq_lens 18431
-    python -m oapl_jax.benchmarks.memory_table --paper_micro_batches 32,2   # + configs/math.py's own layout
+    python -m benchmarks.memory_table                  # v5p-64, T = 2K..32K, 32 prompts x 8, 1 micro-batch
+    python -m benchmarks.memory_table --prompts 64 --micro_batches 4 --seq_lens 18431
+    python -m benchmarks.memory_table --paper_micro_batches 32,2   # + configs/math.py's own layout
 
 Every row is `compile_check.check` of the train step alone (same factories, shardings, remat and dtypes
 as the run), compiled ahead of time for the topology with libtpu. The default layout holds the

@@ -1,8 +1,8 @@
 """The paper's five claims in miniature: losses x lags x seeds at equal generation and tuning budgets.
 
-  python -m oapl_jax.experiments.claims --task arithmetic --out reports/claims_arithmetic
-  python -m oapl_jax.experiments.claims --task chain --out reports/claims_chain
-  python -m oapl_jax.experiments.claims --task arithmetic --out /tmp/claims --smoke     # CI: ~1-2 min
+  python -m experiments.study --task arithmetic --out reports/claims_arithmetic
+  python -m experiments.study --task chain --out reports/claims_chain
+  python -m experiments.study --task arithmetic --out /tmp/claims --smoke     # CI: ~1-2 min
   ... --collect        # only rebuild the report from the run directories that exist
 
 Losses: oapl, grpo (token IS + clip, pi_old per rollout chunk), grpo_onpolicy (lag 1 only: sync_every=1
@@ -35,7 +35,7 @@ Resumable: a run with final_eval.json is skipped; an unfinished one resumes from
 """
 from __future__ import annotations
 
-import argparse
+
 import dataclasses
 import json
 import os
@@ -144,9 +144,8 @@ def _key(overrides: dict) -> str:
 
 def run_config(study: Study, cell: Cell, warm_start_dir: str):
   """configs/claims.py:<task> with the cell's overrides and the derived loop fields."""
-  from oapl_jax import sweep  # pylint: disable=import-outside-toplevel
-  module, arg = sweep.load_config_module(study.config_spec)
-  cfg = module.get_config(arg)
+  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  cfg = files.load(study.config_spec)
   steps = cfg.loop.sync_every * cfg.loop.num_syncs
   eval_every = cfg.loop.sync_every * cfg.loop.eval_every_syncs
   if steps % cell.lag:
@@ -155,13 +154,7 @@ def run_config(study: Study, cell: Cell, warm_start_dir: str):
                "config.loop.eval_every_syncs": max(1, eval_every // cell.lag),
                "config.model.checkpoint": os.path.abspath(warm_start_dir), "config.warmstart.steps": 0}
   for key, value in overrides.items():
-    *parents, leaf = key.split(".")[1:]
-    node = cfg
-    for part in parents:
-      node = node[part]
-    if leaf not in node:
-      raise ValueError(f"{key} is not a field of {study.config_spec}")
-    node[leaf] = value
+    files.override(cfg, key, value)
   return cfg
 
 
@@ -173,11 +166,12 @@ def execute(study: Study, cell: Cell, workdir: str, warm_start_dir: str) -> None
   """One run in this process (loop.setup + loop.train, resuming if its directory holds a checkpoint),
   then pass@k of the final policy on val and test with `final_samples` samples per prompt."""
   from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
-  from oapl_jax.experiments import split_task  # pylint: disable=import-outside-toplevel
+  from experiments import split_task  # pylint: disable=import-outside-toplevel
   from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble  # pylint: disable=import-outside-toplevel
   start = time.time()
-  cfg = run_config(study, cell, warm_start_dir)
-  run = loop.setup(cfg, workdir)
+  run = assemble.setup(run_config(study, cell, warm_start_dir), workdir)
+  cfg = run.cfg
   summary = loop.train(run)
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
@@ -211,27 +205,26 @@ def warm_start(study: Study, directory: str) -> str:
   val and test (the 'start' row of the report) in <directory>/eval.json."""
   if os.path.exists(os.path.join(directory, "eval.json")):
     return directory
-  from oapl_jax import evaluation, parallel, sweep  # pylint: disable=import-outside-toplevel
-  from oapl_jax.experiments import split_task  # pylint: disable=import-outside-toplevel
+  from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
+  from experiments import split_task  # pylint: disable=import-outside-toplevel
   from oapl_jax.models import hf  # pylint: disable=import-outside-toplevel
-  from oapl_jax.models.factory import build_model  # pylint: disable=import-outside-toplevel
-  from oapl_jax.rl import loop, warmstart  # pylint: disable=import-outside-toplevel
+  from oapl_jax.rl import warmstart  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble, files, schema  # pylint: disable=import-outside-toplevel
   from oapl_jax.sampler import core  # pylint: disable=import-outside-toplevel
   start = time.time()
-  module, arg = sweep.load_config_module(study.config_spec)
-  cfg = module.get_config(arg)
+  cfg = schema.from_config(files.load(study.config_spec))
   task, test = split_task.build(cfg.task)
-  placement = parallel.placement_from_config(cfg.mesh)
-  model, params = build_model(cfg.model, placement.trainer, cfg.seed)
+  placement = assemble.placement(cfg)
+  model, params = assemble.build_model(cfg, placement.trainer)
   demos = task.demonstrations(cfg.seed)
   seq_len = max(len(d.prompt_tokens) + len(d.completion_tokens) for d in demos) - 1
-  params = warmstart.warm_start(demos, params, model, placement.trainer,
-                                warmstart.WarmStartConfig.from_config(cfg.warmstart), seq_len=seq_len, seed=cfg.seed,
+  params = warmstart.warm_start(demos, params, model, placement.trainer, cfg.warmstart, seq_len=seq_len,
+                                seed=cfg.seed,
                                 log=lambda step, m: print(f"[claims] warm start step {step}: {m}", flush=True))
   tokenizer = task.tokenizer
   hf.save(directory, model.config, params, token_ids=hf.TokenIds(eos=tokenizer.eos_id, pad=tokenizer.pad_id,
                                                                  bos=tokenizer.bos_id))
-  _, eval_settings = loop.sampling_settings(cfg, task)
+  _, eval_settings = assemble.sampling(cfg, task)
   sampler = core.Sampler(model, layout=placement.sampler, num_slots=cfg.sampler.num_slots,
                          max_prefill_length=cfg.sampler.max_prefill_length, max_new_tokens=eval_settings.max_new_tokens)
   sampler.refresh(params)
@@ -278,33 +271,8 @@ def run_study(study: Study, runs_dir: str, collect: bool = False) -> dict[str, i
   return best_points(study, runs_dir)
 
 
-def _enable_compile_cache(directory: str) -> None:
+def enable_compile_cache(directory: str) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m oapl_jax.experiments.claims", description=__doc__.split("\n")[0])
-  parser.add_argument("--task", required=True, choices=("arithmetic", "chain"))
-  parser.add_argument("--out", required=True, help="the report directory (report.md and PNGs)")
-  parser.add_argument("--runs", help="run directories (default runs/claims_<task>[_smoke])")
-  parser.add_argument("--smoke", action="store_true", help="2 losses x 2 lags x 1 seed, tiny (CI)")
-  parser.add_argument("--collect", action="store_true", help="only write the report from the runs that exist")
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  study = make_study(args.task, args.smoke)
-  runs_dir = args.runs or os.path.join("runs", f"claims_{args.task}{'_smoke' if args.smoke else ''}")
-  _enable_compile_cache(os.path.join(runs_dir, "jax_cache"))
-  start = time.time()
-  best = run_study(study, runs_dir, collect=args.collect)
-  from oapl_jax.experiments import claims_report  # pylint: disable=import-outside-toplevel
-  path = claims_report.write_report(study, runs_dir, args.out, best)
-  print(f"[claims] report: {path} ({time.time() - start:.0f}s)", flush=True)
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -1,7 +1,7 @@
 """Snapshot refresh between disjoint device sets: time and bytes per refresh, against the params.
 
-    python -m oapl_jax.benchmarks.refresh_bench                  # 8 fake CPU devices: trainer 0-3, sampler 4-7
-    python -m oapl_jax.benchmarks.refresh_bench --rounds 10 --models tiny
+    python -m benchmarks.refresh_bench                  # 8 fake CPU devices: trainer 0-3, sampler 4-7
+    python -m benchmarks.refresh_bench --rounds 10 --models tiny
 
 The trainer's params live FSDP-sharded on devices 0-3; `Sampler.refresh` moves them to the sampler
 mesh on devices 4-7 (cast to the sampler dtype, device-to-device reshard, decode layout). For each
@@ -60,7 +60,7 @@ def bench(name: str, sampler_ici, dtype: str, rounds: int) -> dict:
   config = preset("tiny", **MODELS[name], param_dtype="float32", dtype="float32")
   model = api.for_config(config)
   params, _ = parallel.init_sharded(lambda: model.init_params(jax.random.PRNGKey(0)), trainer.mesh, trainer.rules)
-  sampler_model = model.with_dtypes(param_dtype=dtype, dtype=dtype)
+  sampler_model = model.with_execution(param_dtype=dtype, dtype=dtype, remat=False)
   sampler = core.Sampler(sampler_model, layout=sampler_layout, num_slots=8, max_prefill_length=8, max_new_tokens=8)
   sampler.refresh(params)  # compile the cast and the decode layout
   seconds = []

@@ -1,0 +1,182 @@
+"""The assembler: every part of a run built from a RunConfig one way, for every entry point (the loop,
+offline mode, eval, export, serve, the compile check, the study).
+
+    layouts = placement(rc)                          # trainer and sampler meshes
+    task = build_task(rc)                            # prompts and eval sets, checked against the run's limits
+    model, params = build_model(rc, layouts.trainer) # an HF checkpoint or a preset, born sharded
+    sampler = build_sampler(rc, model, layouts.sampler)
+    T = seq_len(rc, longest_prompt(task))            # the trainer's sequence length, one rule
+    metrics = evaluate(rc, task, sampler, sampler.params, settings=eval_settings)
+    run = setup(cfg, workdir); loop.train(run)        # a whole run (rl/loop.py), resuming if it can
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+
+from oapl_jax import checkpoints, evaluation, objectives, parallel, reporting, run_dir
+from oapl_jax.models import factory
+from oapl_jax.models.api import CausalLM
+from oapl_jax.rl import loop, trainer, warmstart
+from oapl_jax.rl.buffer import RolloutBuffer, sequence_length
+from oapl_jax.rl.monitors import HealthMonitor
+from oapl_jax.run import check, schema
+from oapl_jax.run.schema import RunConfig
+from oapl_jax.sampler import core
+from oapl_jax.sampler.settings import SamplingSettings
+from oapl_jax.tasks import factory as task_factory
+from oapl_jax.tasks.base import Task
+from oapl_jax.tasks.problem_checks import Demands, validate_task
+
+
+def placement(rc: RunConfig, devices: Optional[Sequence[Any]] = None) -> parallel.Placement:
+  return parallel.placement_from_config(rc.mesh, devices)
+
+
+def build_task(rc: RunConfig, vocab_size: Optional[int] = None) -> Task:
+  """The task with every set checked against the run's prompt budget, policy and warm start."""
+  demands = Demands(max_prompt_tokens=rc.sampler.max_prefill_length, policy=rc.validation,
+                    warmstart_steps=rc.warmstart.steps, warmstart_batch=rc.warmstart.batch_size, seed=rc.seed,
+                    vocab_size=vocab_size)
+  task = task_factory.build_task(rc.task)
+  try:
+    return validate_task(task, demands, task_settings=rc.task)[0]
+  except Exception:
+    task.close()
+    raise
+
+
+def sampling(rc: RunConfig, task: Task) -> tuple[SamplingSettings, SamplingSettings]:
+  """(rollout settings, eval settings); both stop at the task's eos."""
+  stops = (task.tokenizer.eos_id,)
+  return rc.sampler.sampling(stops), rc.eval.sampling(stops)
+
+
+def new_tokens(rc: RunConfig) -> int:
+  """The longest generation the trainer sees: the rollouts' budget; online runs also keep eval's in the
+  buffer's length (an offline run trains only on stored rollouts: configs/code.py 32K, not eval's 64K)."""
+  return rc.sampler.max_new_tokens if rc.is_offline else max(rc.sampler.max_new_tokens, rc.eval.max_new_tokens)
+
+
+def seq_len(rc: RunConfig, longest_prompt: int) -> int:
+  """The trainer's sequence length (T of its [B, G, T] batch): prompt + response, less the last target."""
+  return sequence_length(longest_prompt, new_tokens(rc))
+
+
+def longest_prompt(task: Task, *, train_only: bool = False) -> int:
+  sets = [task.train] + ([] if train_only else list(task.eval_sets.values()))
+  return max(len(p.prompt_tokens) for problems in sets for p in problems)
+
+
+def build_model(rc: RunConfig, layout: parallel.Layout) -> tuple[CausalLM, Any]:
+  return factory.build_model(rc.model, layout, rc.seed)
+
+
+def train_config(rc: RunConfig) -> trainer.TrainConfig:
+  """The trainer section with the sampler's temperature (policy log-probs use logits / temperature)."""
+  return dataclasses.replace(rc.trainer, temperature=rc.sampler.temperature)
+
+
+def sampler_model(rc: RunConfig, model: CausalLM) -> CausalLM:
+  return model.with_execution(param_dtype=rc.sampler.dtype, dtype=rc.sampler.dtype, remat=False)
+
+
+def build_sampler(rc: RunConfig, model: CausalLM, layout: parallel.Layout, *,
+                  max_prefill_length: Optional[int] = None, max_new_tokens: Optional[int] = None) -> core.Sampler:
+  """The run's sampler: its dtype and slots, a prompt bucket and the longest generation it serves."""
+  return core.Sampler(sampler_model(rc, model), layout=layout, num_slots=rc.sampler.num_slots,
+                      max_prefill_length=max_prefill_length or rc.sampler.max_prefill_length,
+                      max_new_tokens=max_new_tokens or max(rc.sampler.max_new_tokens, rc.eval.max_new_tokens))
+
+
+def eval_seed(rc: RunConfig) -> int:
+  return rc.seed + evaluation.SEED_OFFSET
+
+
+def evaluate(rc: RunConfig, task: Task, sampler: core.Sampler, params, *, settings: SamplingSettings,
+             eval_sets=None) -> dict[str, float]:
+  """{'eval/<set>/<metric>': value} over the task's eval sets (or `eval_sets`), at the run's eval seed."""
+  per_set = evaluation.evaluate_sets(sampler, params, task, task.eval_sets if eval_sets is None else eval_sets,
+                                     rc.eval, settings, eval_seed(rc))
+  return {f"eval/{name}/{k}": v for name, metrics in per_set.items() for k, v in metrics.items()}
+
+
+def warm_start(rc: RunConfig, task: Task, model: CausalLM, params, layout: parallel.Layout, seq: int,
+               log: Callable[[int, dict], None]):
+  """params after the warm start's supervised steps (unchanged when warmstart.steps = 0)."""
+  if not rc.warmstart.steps:
+    return params
+  if task.demonstrations is None:
+    raise ValueError(f"config field warmstart.steps={rc.warmstart.steps}, but task {task.name!r} has no "
+                     "demonstrations")
+  logging.info("warm start: %d supervised steps on demonstrations", rc.warmstart.steps)
+  return warmstart.warm_start(task.demonstrations(rc.seed), params, model, layout, rc.warmstart, seq_len=seq,
+                              seed=rc.seed, log=log)
+
+
+def old_policy_scorer(train_cfg: trainer.TrainConfig, model: CausalLM, layout: parallel.Layout, chunk_prompts: int):
+  """For a loss that reads pi_old (GRPO's ratio): the policy's log-probs of a rollout chunk, taken with
+  the params that start its round, so the PPO clip acts on the later steps of that round; else None."""
+  if "old_policy_token_logp" not in objectives.loss_spec(train_cfg.loss).optional:
+    return None
+  config = dataclasses.replace(train_cfg, micro_batches=math.gcd(chunk_prompts, train_cfg.micro_batches))
+  score = trainer.make_score_fn(config, model, layout, chunk_prompts)
+  sharding = trainer.batch_sharding(layout, chunk_prompts)
+  rows = parallel.process_rows(sharding, chunk_prompts)
+  to_every_host = jax.jit(lambda x: x, out_shardings=layout.replicated)  # on the trainer's devices only
+
+  def score_chunk(params, chunk: dict) -> np.ndarray:
+    inputs = parallel.from_process_rows({k: v[rows] for k, v in chunk.items()}, sharding, chunk_prompts)
+    return np.asarray(to_every_host(score(params, inputs)))
+  return score_chunk
+
+
+def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Run:
+  """Build a run: where it runs, the task, the model (warm-started or restored), the sampler.
+  cfg: a RunConfig, or a ConfigDict (read by schema.from_config). The config's cross-section rules and
+  every data source are checked before any model is built."""
+  rc = cfg if isinstance(cfg, RunConfig) else schema.from_config(cfg)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  check.check(rc)
+  layouts = placement(rc)
+  task = build_task(rc)
+  rollout_settings, eval_settings = sampling(rc, task)
+  schedule = rc.loop.schedule()
+  model, params = build_model(rc, layouts.trainer)
+  seq = seq_len(rc, longest_prompt(task))
+  checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", rc.checkpoint.max_to_keep)
+  reporter = reporting.Reporter(workdir, rc.loop.num_syncs * rc.loop.sync_every)
+
+  train_cfg = train_config(rc)
+  record = schema.to_mapping(rc)
+  resuming = checkpointer.latest_step() is not None
+  if resuming:  # a resume with another config says what differs, and refuses unless allowed
+    run_dir.check_resume(workdir, record, allow_config_changes)
+  if not resuming or run_dir.recorded_config(workdir) is None:
+    run_dir.record_config(workdir, record)
+  if not resuming:
+    params = warm_start(rc, task, model, params, layouts.trainer, seq, reporter.scalars)
+  state = trainer.create_train_state(train_cfg, model, params, layouts.trainer)
+  del params
+  meta = checkpoints.Meta(syncs_done=0, snapshot_version=0, data_position=0, seed=rc.seed)
+  if resuming:
+    state, meta = checkpointer.restore(checkpoints.abstract_like(state))
+    reporter.resume_from(int(state.step))
+    logging.info("resumed from %s at step %d (%d syncs done)", checkpointer.directory, int(state.step), meta.syncs_done)
+
+  sampler = build_sampler(rc, model, layouts.sampler)
+  sampler.snapshot_version = meta.snapshot_version
+  batch_sharding = trainer.batch_sharding(layouts.trainer, rc.loop.batch_prompts)
+  return loop.Run(rc, layouts, task, schedule, rollout_settings, eval_settings, model, state,
+             trainer.make_train_step(train_cfg, model, layouts.trainer, rc.loop.batch_prompts), sampler,
+             RolloutBuffer(seq), checkpointer, reporter, meta, HealthMonitor(rc.monitors), batch_sharding,
+             parallel.process_rows(batch_sharding, rc.loop.batch_prompts),
+             functools.partial(evaluate, rc, task, sampler, settings=eval_settings),
+             old_policy_scorer(train_cfg, model, layouts.trainer, rc.loop.prompts_per_rollout))

@@ -1,0 +1,112 @@
+"""The cross-section rules of a RunConfig: what no one section can know alone. Every problem at once.
+
+    warnings = check(rc)                # raises sections.ConfigError; returns (and logs) warnings
+    warnings = check(rc, devices=topology_devices)   # a compile check's devices instead of this host's
+
+Per-field rules live on the sections' fields (sections.rule) and each task checks its own section
+through its registry entry (tasks/factory.TASKS); here: batch x mesh, model dims x mesh, lengths, the
+loss's need for groups, the warm start's need for demonstrations.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Optional, Sequence
+
+import jax
+
+from oapl_jax import objectives, parallel, sections
+from oapl_jax.models import factory
+from oapl_jax.run import schema
+from oapl_jax.run.schema import RunConfig
+from oapl_jax.tasks import factory as task_factory
+
+log = logging.getLogger(__name__)
+LARGE_LR = 0.1  # AdamW learning rates above this get a warning
+
+
+def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when_absent: bool = False) -> list[str]:
+  """preset_when_absent: a model checkpoint not on this host is read as its preset (a compile check)."""
+  p = sections.Problems()
+  p.errors.extend(task_factory.check_task(rc.task))
+  if objectives.LOSSES[rc.trainer.loss].needs_groups and rc.loop.group_size < 2:
+    p.add("loop.group_size", rc.loop.group_size,
+          f"must be >= 2 (loss {rc.trainer.loss!r} compares the G samples of a prompt)")
+  if rc.warmstart.steps and not getattr(rc.task, "has_demonstrations", True):
+    p.add("warmstart.steps", rc.warmstart.steps, "a warm start needs task.demonstrations_path (records with "
+          "task.prompt_key and task.completion_key)")
+  for where, optim in (("trainer", rc.trainer.optim), ("warmstart", rc.warmstart.optim)):
+    if optim.lr > LARGE_LR:
+      p.warnings.append(f"{where}.optim.lr={optim.lr}: unusually large for AdamW (typical 1e-6 .. 1e-3); "
+                        "expect divergence")
+  try:
+    model = factory.architecture(rc.model, preset_when_absent=preset_when_absent)
+  except ValueError as e:
+    model = None
+    p.errors.append(str(e) if str(e).startswith("model.") else f"model.overrides: {e}")
+  placement = _placement(rc, list(devices if devices is not None else jax.devices()), p)
+  if placement is not None:
+    _shards(rc, placement, model, p)
+  longest = max(rc.sampler.max_new_tokens, rc.eval.max_new_tokens)
+  if model is not None and rc.sampler.max_prefill_length + longest > model.max_position_embeddings:
+    p.warnings.append(f"sampler.max_prefill_length={rc.sampler.max_prefill_length} + max_new_tokens={longest} "
+                      f"exceeds the model's max_position_embeddings={model.max_position_embeddings}")
+  p.raise_if_any()
+  for w in p.warnings:
+    log.warning("config: %s", w)
+  return p.warnings
+
+
+def _placement(rc: RunConfig, devices: list, p: sections.Problems) -> Optional[parallel.Placement]:
+  total, n, before = len(devices), rc.mesh.sampler_devices, len(p.errors)
+  if n >= total:
+    p.add("mesh.sampler_devices", n, f"must be in [0, {total - 1}] ({total} devices)")
+    return None
+  for side, count in (("trainer", total - n if n else total), ("sampler", n or total)):
+    ici = getattr(rc.mesh, f"{side}_ici")
+    fixed = math.prod(s for s in ici if s != -1)
+    if (count % fixed) if -1 in ici else (fixed != count):
+      p.add(f"mesh.{side}_ici", ici, f"cannot tile the {side}'s {count} device(s) ({total} devices, "
+            f"mesh.sampler_devices={n})")
+  if len(p.errors) > before:
+    return None
+  try:
+    return parallel.placement_from_config(rc.mesh, devices)
+  except ValueError as e:
+    p.add("mesh", sections.MISSING, str(e))
+    return None
+
+
+def _shards(rc: RunConfig, placement: parallel.Placement, model, p: sections.Problems) -> None:
+  """Everything split over devices must split evenly (a JAX IndivisibleError otherwise)."""
+  batch = placement.trainer.axis_size("batch")
+  B, micro, G = rc.loop.batch_prompts, rc.trainer.micro_batches, rc.loop.group_size
+  if B % micro or (B // micro * G) % batch:
+    p.add("loop.batch_prompts", B, f"must split into trainer.micro_batches={micro} micro-batches whose "
+          f"{B // micro * G} sequences (prompts x loop.group_size={G}) divide over the {batch} devices the "
+          f"trainer mesh {dict(placement.trainer.mesh.shape)} splits the batch over")
+  if rc.warmstart.steps and rc.warmstart.batch_size % batch:
+    p.add("warmstart.batch_size", rc.warmstart.batch_size,
+          f"must be a multiple of the {batch} devices the trainer splits the batch over")
+  cache_batch = placement.sampler.axis_size("cache_batch")
+  if rc.sampler.num_slots % cache_batch:
+    p.add("sampler.num_slots", rc.sampler.num_slots, f"must be a multiple of the {cache_batch} devices the sampler "
+          f"mesh {dict(placement.sampler.mesh.shape)} splits its slots over")
+  if model is None:
+    return
+  dims = dict(embed=("hidden_size", model.hidden_size), mlp=("intermediate_size", model.intermediate_size),
+              q_heads=("num_heads", model.num_heads), kv_heads=("num_kv_heads", model.num_kv_heads),
+              cache_kv_heads=("num_kv_heads", model.num_kv_heads), vocab=("vocab_size", model.vocab_size),
+              head_dim=("head_dim", model.head_dim), layers=("num_layers", model.num_layers))
+  for side, layout in (("trainer", placement.trainer), ("sampler", placement.sampler)):
+    for axis, (field, size) in dims.items():
+      ways = layout.axis_size(axis)
+      if size % ways and not (side == "trainer" and axis == "cache_kv_heads"):
+        p.add(f"model {field}", size, f"does not divide over the {ways} ways the {side} mesh "
+              f"{dict(layout.mesh.shape)} splits {axis!r} (mesh.{side}_ici, mesh.rules)")
+
+
+def validate(cfg: Any, devices: Optional[Sequence[Any]] = None) -> list[str]:
+  """The front door's whole check of a resolved config: the typed sections (schema.from_config), then the
+  cross-section rules; returns the warnings, raises sections.ConfigError."""
+  return check(schema.from_config(cfg), devices)
