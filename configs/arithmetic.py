@@ -8,7 +8,7 @@
 The model is warm-started by a short supervised phase on an imperfect teacher: 70% of the
 demonstrations slip on the last digit. It learns addition, and the slip, so held-out pass@1 at
 the eval settings starts low; OAPL with the exact-match reward then has a habit to unlearn.
-Toy-task betas: see DESIGN.md (one update moves log pi by about A*/beta2; 1e-3 is for 16K tokens).
+Toy-task betas: see docs/DESIGN.md (one update moves log pi by about A*/beta2; 1e-3 is for 16K tokens).
 """
 from ml_collections import ConfigDict
 

@@ -79,7 +79,7 @@ def get_config(arg: str = "") -> ConfigDict:
 
 
 def _shrink_to_smoke(c: ConfigDict) -> None:
-  """The whole two-stage pipeline on CPU in minutes: a tiny Qwen, code_synthetic, toy betas (DESIGN.md §1)."""
+  """The whole two-stage pipeline on CPU in minutes: a tiny Qwen, code_synthetic, toy betas (docs/DESIGN.md §1)."""
   c.model.update(checkpoint="", preset="tiny", param_dtype="float32", dtype="float32", remat=False,
                  overrides=dict(vocab_size=64, hidden_size=64, intermediate_size=256, num_layers=2, num_heads=4,
                                 num_kv_heads=2, head_dim=16, max_position_embeddings=64))

@@ -18,7 +18,7 @@ Equal tuning budget: each loss gets the same 2 points (tuning_grid: the learning
 loss has whose right value depends on the loss's own scale), run at the tuning lag (10; grpo_onpolicy:
 1) with seed 0; the point with the best final validation pass@1 is then run at every lag and seed, and
 everything the report states comes from the held-out test split (experiments/split_task.py).
-Every run starts from ONE warm-start checkpoint per task (an imperfect teacher; DESIGN.md: the seed
+Every run starts from ONE warm-start checkpoint per task (an imperfect teacher; docs/DESIGN.md: the seed
 spread is mostly the warm start's, so it is held fixed and the RL seed varies).
 
 Budget (arithmetic). 17 (loss, lag) cells x 3 seeds + 5 unchosen tuning points = 56 runs. Measured

@@ -22,7 +22,7 @@ from ml_collections import ConfigDict
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"
 # May differ between the first start and a resume without counting as a change of experiment.
-RESUME_IGNORED = frozenset({"loop.stop_after_syncs"})
+RESUME_IGNORED: frozenset = frozenset()
 _ABSENT = "<absent>"
 
 

@@ -46,7 +46,7 @@ def test_missing_paths_name_the_config_field(tmp_path):
   c = importlib.import_module("configs.math").get_config("smoke")
   c.model.checkpoint = str(tmp_path / "nope")
   with pytest.raises(sections.ConfigError, match="model.checkpoint=.*nope': not a directory") as raised:
-    loop.setup(c, str(tmp_path / "run"))  # every missing path at once, before anything is built
+    assemble.setup(c, str(tmp_path / "run"))  # every missing path at once, before anything is built
   assert any(p.startswith("task.tokenizer_dir=") for p in raised.value.problems)
 
 
@@ -54,7 +54,7 @@ def test_batch_that_does_not_divide_over_the_mesh_is_refused(tmp_path):
   c = importlib.import_module("configs.arithmetic").get_config("smoke")
   c.loop.update(batch_prompts=2, prompts_per_rollout=2, group_size=3)  # 6 sequences for 8 devices
   with pytest.raises(ValueError, match=r"batch_prompts=2\b.* 6 sequences .* over the 8 devices"):
-    loop.setup(c, str(tmp_path))
+    assemble.setup(c, str(tmp_path))
 
 
 def test_grpo_baseline_smoke_runs_a_step(tmp_path):
@@ -62,7 +62,7 @@ def test_grpo_baseline_smoke_runs_a_step(tmp_path):
   test and the multi-process tests."""
   c = importlib.import_module("configs.arithmetic").get_config("grpo,smoke")
   assert c.trainer.loss == "grpo"
-  summary = loop.train(loop.setup(c, str(tmp_path)))
+  summary = loop.train(assemble.setup(c, str(tmp_path)))
   assert summary["trainer_steps"] == 2 and summary["syncs"] == 1
   with open(tmp_path / "metrics.jsonl") as f:
     history = [json.loads(line) for line in f]
@@ -94,7 +94,7 @@ def test_chat_smoke_runs_a_step(name, chat_assets, tmp_path):
   c.task.eval_paths = {"test": data}  # replace the paper's eval sets (update() would merge)
   if name == "gsm8k":
     c.task.answer_key = "answer_gsm"  # "... #### 4": the answer after '####' is what is scored
-  run = loop.setup(c, str(tmp_path))
+  run = assemble.setup(c, str(tmp_path))
   assert run.task.train[0].answer == "2"
   summary = loop.train(run)
   assert summary["trainer_steps"] == 2 and "eval/test/pass@1 (end)" in summary
@@ -105,7 +105,7 @@ def test_separate_sampler_and_trainer_meshes(tmp_path):
   c = importlib.import_module("configs.arithmetic").get_config("smoke")
   c.mesh.sampler_devices = 4
   c.loop.update(batch_prompts=4, prompts_per_rollout=4)  # the trainer splits the batch over its 4 devices
-  run = loop.setup(c, str(tmp_path))
+  run = assemble.setup(c, str(tmp_path))
   trainer_devices = {d.id for d in run.state.params["embed"]["embedding"].sharding.device_set}
   sampler_devices = set(run.sampler.mesh.device_ids.flat)
   assert trainer_devices == {0, 1, 2, 3} and sampler_devices == {4, 5, 6, 7}

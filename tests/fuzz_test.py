@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from configs import arithmetic
 from oapl_jax import parallel, sections
-from oapl_jax.run import check
+from oapl_jax.run import assemble, check, schema
+from oapl_jax.models import factory
 from oapl_jax.models import config as model_config
 from oapl_jax.rl import trainer
 from oapl_jax.rl.schedule import WindowSchedule
@@ -175,7 +176,7 @@ def is_mesh(v):
 SPEC = {
     **{f"loop.{k}": lambda v: is_int(v, 1) for k in ("sync_every", "steps_per_rollout", "num_syncs", "batch_prompts",
                                                       "prompts_per_rollout", "eval_every_syncs")},
-    "loop.group_size": lambda v: is_int(v, 2), "loop.stop_after_syncs": lambda v: is_int(v, 0),
+    "loop.group_size": lambda v: is_int(v, 2),
     "trainer.micro_batches": lambda v: is_int(v, 1), "warmstart.steps": lambda v: is_int(v, 0),
     **{f"sampler.{k}": lambda v: is_int(v, 1) for k in ("num_slots", "max_prefill_length", "max_new_tokens",
                                                          "steps_per_sync")},
@@ -202,17 +203,13 @@ junk = st.one_of(small_ints, st.integers(), st.floats(), st.sampled_from([0.0, 0
 
 
 def build_everything_the_loop_builds_from(cfg: dict) -> None:
-  """What rl/loop.setup constructs from the config before the model (a late error would surface here)."""
-  sampling = SamplingSettings.from_config(cfg["sampler"])
-  SamplingSettings.from_config(cfg["eval"])
-  config = trainer.TrainConfig.from_config(cfg["trainer"])
-  trainer.TrainConfig(config.loss, config.loss_settings, config.optim, config.micro_batches, sampling.temperature)
-  WarmStartConfig.from_config(cfg["warmstart"])
-  WindowSchedule(cfg["loop"]["sync_every"], cfg["loop"]["steps_per_rollout"], cfg["loop"]["prompts_per_rollout"])
-  placement = parallel.placement_from_config(cfg["mesh"])
-  assert cfg["sampler"]["num_slots"] % placement.sampler.axis_size("cache_batch") == 0
-  m = cfg["model"]
-  model_config.preset(m["preset"], **m["overrides"], param_dtype=m["param_dtype"], dtype=m["dtype"], remat=m["remat"])
+  """What run/assemble.setup constructs from the config before the model (a late error would surface here)."""
+  rc = schema.from_config(cfg)
+  assemble.train_config(rc)
+  rc.loop.schedule()
+  placement = assemble.placement(rc)
+  assert rc.sampler.num_slots % placement.sampler.axis_size("cache_batch") == 0
+  factory.architecture(rc.model)
 
 
 @settings(FUZZ, max_examples=150)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs import arithmetic
+from oapl_jax.run import assemble
 from oapl_jax.rl import loop
 from oapl_jax.rl.buffer import RolloutBuffer
 
@@ -42,7 +43,7 @@ def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
     return batch
 
   monkeypatch.setattr(RolloutBuffer, "sample", spy)
-  run = loop.setup(tiny_config(), str(tmp_path))
+  run = assemble.setup(tiny_config(), str(tmp_path))
   summary = loop.train(run)
   start, end = summary["eval/held_out/pass@1 (start)"], summary["eval/held_out/pass@1 (end)"]
   assert start <= 0.4 and end >= start + 0.3, (start, end)
@@ -60,14 +61,12 @@ def test_resume_gives_the_same_metrics(tmp_path):
   config = tiny_config(num_syncs=3)
   config.warmstart.steps = 20
   full = str(tmp_path / "full")
-  loop.train(loop.setup(config, full))
+  loop.train(assemble.setup(config, full))
   killed = str(tmp_path / "killed")
-  first = tiny_config(num_syncs=3, stop_after_syncs=2)
-  first.warmstart.steps = 20
-  loop.train(loop.setup(first, killed))  # "killed" after 2 windows (checkpoints at steps 5 and 10)
+  loop.train(assemble.setup(config, killed), max_windows=2)  # "killed" after 2 windows (checkpoints at steps 5 and 10)
   assert not any(h["step"] >= 10 and "train/loss" in h for h in _history(killed))
   shutil.rmtree(os.path.join(killed, "checkpoints", "10", "meta"))  # the newest checkpoint is damaged
-  loop.train(loop.setup(config, killed))  # restart: falls back to step 5 and re-runs windows 2 and 3
+  loop.train(assemble.setup(config, killed))  # restart: falls back to step 5 and re-runs windows 2 and 3
   assert os.listdir(os.path.join(killed, "checkpoints", "damaged"))  # moved aside, not deleted
 
   def by_step(history, key):
@@ -87,10 +86,10 @@ def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path):
   config = tiny_config(num_syncs=1)
   config.warmstart.steps = 0
   workdir = str(tmp_path)
-  loop.train(loop.setup(config, workdir))
+  loop.train(assemble.setup(config, workdir))
   checkpoints_before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   config.loop.num_syncs = 3
   config.trainer.optim.lr = 1e30  # blows the parameters up
   with pytest.raises(FloatingPointError, match=r"loss became .* at trainer step \d+.*last good checkpoint \(step 5\)"):
-    loop.train(loop.setup(config, workdir, allow_config_changes=True))  # a changed resume must be allowed
+    loop.train(assemble.setup(config, workdir, allow_config_changes=True))  # a changed resume must be allowed
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == checkpoints_before

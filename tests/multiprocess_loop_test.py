@@ -82,6 +82,7 @@ def _worker(port: int, num_processes: int, process_id: int, workdir: str, result
   jax.config.update("jax_default_matmul_precision", "highest")
   from oapl_jax import distributed, reporting  # pylint: disable=import-outside-toplevel
   from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble  # pylint: disable=import-outside-toplevel
   distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   logged = []
   write_scalars = reporting.Reporter.scalars
@@ -91,7 +92,7 @@ def _worker(port: int, num_processes: int, process_id: int, workdir: str, result
     write_scalars(self, step, metrics)
 
   reporting.Reporter.scalars = scalars
-  summary = loop.train(loop.setup(loop_config(), workdir))
+  summary = loop.train(assemble.setup(loop_config(), workdir))
   writes.on = False
   transfers = _check_transfers()
   with open(os.path.join(results, f"process{process_id}.json"), "w") as f:
@@ -107,7 +108,8 @@ def _check_transfers() -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
   from oapl_jax import parallel  # pylint: disable=import-outside-toplevel
-  placement = parallel.placement_from_config(loop_config().mesh)
+  from oapl_jax.run import assemble, schema  # pylint: disable=import-outside-toplevel
+  placement = assemble.placement(schema.from_config(loop_config()))
   reference_8x12 = np.arange(96, dtype=np.float32).reshape(8, 12)
   source = jax.make_array_from_callback((8, 12), NamedSharding(placement.trainer.mesh, P("fsdp", None)),
                                         lambda index: reference_8x12[index])

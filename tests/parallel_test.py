@@ -45,12 +45,12 @@ def test_reshard_moves_blocks_and_never_aliases():
 def test_placement_gives_the_sampler_the_last_devices_and_reads_dcn():
   cfg = dict(trainer_ici=(1, -1, 2), trainer_dcn=(1, 1, 1), sampler_ici=(1, 1, -1), sampler_dcn=(1, 1, 1),
              sampler_devices=2, rules={"embed": None})
-  placement = parallel.placement_from_config(cfg)
+  placement = parallel.placement_from_config(parallel.MeshConfig(**cfg))
   assert dict(placement.trainer.mesh.shape) == {"data": 1, "fsdp": 3, "tensor": 2}
   assert sorted(d.id for d in placement.sampler.mesh.devices.flat) == [6, 7]
   assert not placement.shared and dict(placement.trainer.rules)["embed"] is None
   assert placement.trainer.axis_size("batch") == 3 and placement.sampler.axis_size("kv_heads") == 2
-  shared = parallel.placement_from_config(dict(cfg, sampler_devices=0, sampler_ici=(1, -1, 1)))
+  shared = parallel.placement_from_config(parallel.MeshConfig(**dict(cfg, sampler_devices=0, sampler_ici=(1, -1, 1))))
   assert shared.shared and shared.sampler.mesh.devices.size == 8
   with pytest.raises(ValueError, match="mesh.sampler_devices=8"):
-    parallel.placement_from_config(dict(cfg, sampler_devices=8))
+    parallel.placement_from_config(parallel.MeshConfig(**dict(cfg, sampler_devices=8)))

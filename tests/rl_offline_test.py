@@ -11,7 +11,9 @@ import pytest
 from oapl_jax import parallel
 from oapl_jax.models import api
 from oapl_jax.models.config import preset
+from oapl_jax import sections
 from oapl_jax.rl import offline, trainer
+from oapl_jax.run import assemble
 from oapl_jax.rl.buffer import RolloutBuffer, pack_groups
 from oapl_jax.rl.rollout_store import RolloutStore, StoreHeader, take_groups
 from oapl_jax.sampler import core, rollout
@@ -162,10 +164,8 @@ def test_stored_batch_gives_the_online_steps_loss(tiny, tmp_path):
 def test_offline_config_refuses_bad_sections():
   with pytest.raises(ValueError, match="one entry per stage"):
     offline.OfflineConfig(stages=2, prompts=(0,), epochs=(1, 4))
-  with pytest.raises(ValueError, match="unknown settings"):
-    offline.OfflineConfig.from_config({"stages": 1, "prompts": (0,), "epochs": (1,), "lag": 3})
-  with pytest.raises(ValueError, match="no `offline` section"):
-    offline.OfflineConfig.from_config(None)
+  with pytest.raises(sections.ConfigError, match="offline.lag: unknown setting"):
+    sections.build(offline.OfflineConfig, {"stages": 1, "prompts": (0,), "epochs": (1,), "lag": 3}, "offline")
 
 
 @pytest.mark.slow
@@ -177,13 +177,13 @@ def test_two_stages_chained_from_the_smoke_config(tmp_path):
   c.eval.update(num_prompts=4, samples=2, ks=(1, 2), max_new_tokens=8)
   c.sampler.update(max_new_tokens=8, num_slots=16)
   c.offline.update(prompts=(8, 4), epochs=(1, 2), chunk_prompts=4, drop_all_wrong=False)
-  summary = offline.run_stages(c, str(tmp_path))
+  summary = offline.run_stages(assemble.setup(c, str(tmp_path)), str(tmp_path))
   assert summary["stage 1/steps"] == 1 and summary["stage 2/steps"] == 1 and summary["trainer_steps"] == 2
   assert {f"eval/held_out/pass@1 after stage {s}" for s in (0, 1, 2)} <= set(summary)
   for stage, (chunks, version, policy_step) in {1: (2, 1, 0), 2: (1, 2, 1)}.items():
     store = RolloutStore.open(offline.stage_dir(str(tmp_path), stage))
     assert store.complete and store.header.num_chunks == chunks
     assert (store.header.snapshot_version, store.header.policy_step) == (version, policy_step)
-  again = offline.run_stages(c, str(tmp_path))  # every stage trained: evaluates the final policy only
+  again = offline.run_stages(assemble.setup(c, str(tmp_path)), str(tmp_path))  # every stage trained: evaluates the final policy only
   assert again["trainer_steps"] == 2 and "stage 1/steps" not in again
   assert again["eval/held_out/pass@1 after stage 2"] == summary["eval/held_out/pass@1 after stage 2"]

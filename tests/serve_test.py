@@ -211,7 +211,7 @@ def _save_run(run_dir, cfg, steps):
   for step in steps:
     rng = np.random.default_rng(step)
     params = jax.tree.map(lambda s: rng.normal(0, 0.1, s.shape).astype(s.dtype), shapes)
-    states[step] = trainer.create_train_state(trainer.TrainConfig.from_config(cfg.trainer), model, params, layout)
+    states[step] = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
     ckpt.save(step, states[step], checkpoints.Meta(step // 10, step // 10, 0, cfg.seed))
   ckpt.close()
   return model, states

@@ -5,6 +5,7 @@ marker; after the run no process with that marker may be left on the host.
 """
 import os
 import pwd
+import shutil
 import socket
 import subprocess
 import textwrap
@@ -13,11 +14,11 @@ import uuid
 
 import pytest
 
-from oapl_jax.tasks import sandbox
+from oapl_jax.tasks import code_reward, sandbox
 
-MARGIN_S = 2.0  # two interpreter start-ups on a busy 2-core machine
 REPO_FILE = os.path.abspath(__file__)
 SYSTEM_PYTHON = "/usr/bin/python3"
+FALLBACK = sandbox.SandboxConfig(python=SYSTEM_PYTHON, use_namespaces=False)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,11 @@ def survivors(marker: str) -> list[int]:
 
 
 def run_contained(body, limits=sandbox.Limits(wall_s=1.0), config=sandbox.SandboxConfig(), stdin=b""):
-  """Runs a marked program; asserts it ended within its wall limit and left no process behind."""
+  """Runs a marked program; asserts the launcher ended it by its wall limit (the pool's backstop,
+  3 s later, was not needed) and that it left no process behind."""
   marker, source = marked(body)
-  start = time.monotonic()
   result = sandbox.run(source, stdin, limits, config)
-  elapsed = time.monotonic() - start
-  assert elapsed <= limits.wall_s + MARGIN_S, (elapsed, result)
+  assert not result.backstop, result
   time.sleep(0.05)
   assert survivors(marker) == [], result
   return result
@@ -160,12 +160,193 @@ ADVERSARIAL = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(ADVERSARIAL))
-def test_adversarial_program_is_contained(case):
+# Programs after the harness's memory, other processes, ptrace, threads and descriptors. Each prints
+# (to stdout) a secret it found, or "none", and what it tried (to stderr: "GOT ..." if it worked).
+# Run directly they must be contained; as a code reward's response they must earn nothing.
+FIND_SECRET = 'import re, sys\nsecret = re.compile(rb"SECRET-[0-9a-f]{32}")\nfound = set()\n'
+SCAN_MEM = """
+def scan_mem(pid):
+  with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+    for line in maps:
+      span, perms = line.split()[:2]
+      start, end = (int(x, 16) for x in span.split("-"))
+      if perms[0] == "r" and end - start <= 1 << 28:
+        try:
+          mem.seek(start)
+          found.update(secret.findall(mem.read(end - start)))
+        except (OSError, ValueError, OverflowError):
+          pass
+"""
+ANSWER = 'print(min(found).decode() if found else "none")\n'
+SNOOPS = {
+    "memory_gc_frames_modules": FIND_SECRET + """
+import gc
+def look(value):
+  if isinstance(value, str):
+    value = value.encode("utf-8", "replace")
+  if isinstance(value, (bytes, bytearray)):
+    found.update(secret.findall(value))
+scopes = [vars(m) for m in list(sys.modules.values()) if hasattr(m, "__dict__")]
+frame = sys._getframe()
+while frame is not None:
+  scopes += [frame.f_locals, frame.f_globals]
+  frame = frame.f_back
+for obj in gc.get_objects():
+  if isinstance(obj, dict):
+    scopes.append(obj)
+  elif isinstance(obj, (list, tuple, set, frozenset)):
+    for item in list(obj):
+      look(item)
+for scope in scopes:
+  for key, value in list(scope.items()):
+    look(key)
+    look(value)
+sys.stderr.write(f"scanned {len(scopes)} scopes\\n")
+""" + ANSWER,
+    "memory_expected_sizes": """
+import sys
+caps = []  # what the harness once derived from the expected outputs: 2 * len + 4096 per test
+frame = sys._getframe()
+while frame is not None:
+  caps += [v for k, v in frame.f_locals.items() if "cap" in k and isinstance(v, int)]
+  frame = frame.f_back
+sys.stderr.write(f"caps {caps}\\n")
+print("NO" if caps and (caps[0] - 4096) // 2 == 2 else "YES")  # a YES/NO problem, answered blind
+""",
+    "memory_proc_self_mem": FIND_SECRET + SCAN_MEM + """
+try:
+  scan_mem("self")
+  sys.stderr.write("GOT /proc/self/mem\\n")
+except OSError as e:
+  sys.stderr.write(f"refused /proc/self/mem {type(e).__name__}\\n")
+""" + ANSWER,
+    "proc_parent": FIND_SECRET + SCAN_MEM + """
+import os
+ppid = os.getppid()
+for what in ("environ", "cmdline", "status", "maps", "fd", "mem"):
+  path = f"/proc/{ppid}/{what}"
+  try:
+    if what == "fd":
+      found.update(secret.findall(" ".join(os.listdir(path)).encode()))
+    elif what == "mem":
+      scan_mem(ppid)
+    else:
+      with open(path, "rb") as f:
+        found.update(secret.findall(f.read()))
+    sys.stderr.write(f"GOT {path}\\n")
+  except OSError as e:
+    sys.stderr.write(f"refused {path} {type(e).__name__}\\n")
+""" + ANSWER,
+    "proc_other_processes": FIND_SECRET + """
+import os
+others = []
+try:
+  others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+  sys.stderr.write(f"GOT /proc listing: {len(others)} other processes\\n")
+except OSError as e:
+  sys.stderr.write(f"refused /proc listing {type(e).__name__}\\n")
+for pid in others:
+  for what in ("environ", "cmdline"):
+    try:
+      with open(f"/proc/{pid}/{what}", "rb") as f:
+        found.update(secret.findall(f.read()))
+      sys.stderr.write(f"GOT /proc/{pid}/{what}\\n")
+    except OSError:
+      pass
+""" + ANSWER,
+    "ptrace": """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, ret):
+  sys.stderr.write(f"refused {name} errno {ctypes.get_errno()}\\n" if ret == -1 else f"GOT {name}\\n")
+class IOVec(ctypes.Structure):
+  _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+child = os.fork()
+if child == 0:
+  time.sleep(30)
+  os._exit(0)
+attempt("ptrace_attach_parent", libc.ptrace(16, os.getppid(), 0, 0))  # PTRACE_ATTACH
+attempt("ptrace_seize_parent", libc.ptrace(0x4206, os.getppid(), 0, 0))  # PTRACE_SEIZE
+attempt("ptrace_attach_child", libc.ptrace(16, child, 0, 0))
+buf = ctypes.create_string_buffer(64)
+local, remote = IOVec(ctypes.cast(buf, ctypes.c_void_p), 64), IOVec(ctypes.cast(buf, ctypes.c_void_p), 64)
+attempt("process_vm_readv_parent", libc.process_vm_readv(os.getppid(), ctypes.byref(local), 1,
+                                                         ctypes.byref(remote), 1, 0))
+attempt("ptrace_traceme", libc.ptrace(0, 0, 0, 0))  # PTRACE_TRACEME
+os.kill(child, 9)
+print("none")
+""",
+    "thread_bomb": """
+import sys, threading, time
+n = 0
+try:
+  while n < 100000:
+    threading.Thread(target=time.sleep, args=(60,)).start()  # not daemons: exit waits for them
+    n += 1
+except RuntimeError as e:
+  sys.stderr.write(f"threads stopped at {n}: {e}\\n")
+print("none", flush=True)
+""",
+    "fd_exhaustion": """
+import os, sys
+fds = []
+try:
+  while len(fds) < 1000000:
+    fds.extend(os.pipe())
+except OSError as e:
+  sys.stderr.write(f"descriptors stopped at {len(fds)}: errno {e.errno}\\n")
+print("none")
+""",
+    "kill_own_group": "import os, signal\nprint('none')\nos.killpg(0, signal.SIGKILL)\n",
+}
+ADVERSARIAL.update({
+    "memory_gc_frames_modules": (SNOOPS["memory_gc_frames_modules"], sandbox.Limits(wall_s=5.0), {"ok"}),
+    "memory_expected_sizes": (SNOOPS["memory_expected_sizes"], sandbox.Limits(wall_s=5.0), {"ok"}),
+    "memory_proc_self_mem": (SNOOPS["memory_proc_self_mem"], sandbox.Limits(wall_s=5.0), {"ok"}),
+    "proc_parent": (SNOOPS["proc_parent"], sandbox.Limits(wall_s=5.0), {"ok"}),
+    "proc_other_processes": (SNOOPS["proc_other_processes"], sandbox.Limits(wall_s=5.0), {"ok"}),
+    "ptrace": (SNOOPS["ptrace"], sandbox.Limits(wall_s=5.0), {"ok"}),
+    "thread_bomb": (SNOOPS["thread_bomb"], sandbox.Limits(wall_s=1.0), {"timeout"}),
+    "fd_exhaustion": (SNOOPS["fd_exhaustion"], sandbox.Limits(wall_s=5.0), {"ok"}),
+    "kill_own_group": (SNOOPS["kill_own_group"], sandbox.Limits(wall_s=5.0), {"killed"}),
+})
+MODES = {"default": sandbox.SandboxConfig(), "fallback": FALLBACK}
+CAN_FALLBACK = os.geteuid() == 0 and os.path.exists(SYSTEM_PYTHON)  # see needs_root_and_system_python
+
+
+def reward_record(case: str) -> dict:
+  """The record a case answers as a code reward: a fresh secret, or for the size snoop a YES and a NO test."""
+  if case == "memory_expected_sizes":
+    return {"tests": [{"input": "1\n", "output": "YES"}, {"input": "2\n", "output": "NO"}]}
+  return {"tests": [{"input": "", "output": "SECRET-" + uuid.uuid4().hex}]}
+
+
+def check_snoop(case: str, result: sandbox.RunResult) -> None:
+  """What a case of SNOOPS must show beyond its reason."""
+  err = result.stderr.decode(errors="replace")
+  if case in ("proc_parent", "proc_other_processes", "ptrace"):
+    assert "GOT" not in err and "refused" in err, err
+  if case == "thread_bomb":
+    assert "threads stopped at" in err and result.stdout == b"none\n", result
+  if case == "fd_exhaustion":
+    stopped = int(err.split("descriptors stopped at ")[1].split(":")[0])
+    assert stopped <= 256 and result.stdout == b"none\n", result
+  if case == "kill_own_group":
+    assert result.signal == 9 and result.stdout == b"none\n", result  # printed before: unbuffered
+  if case == "memory_expected_sizes":
+    assert result.stdout == b"YES\n", result
+
+
+@pytest.mark.parametrize("case, mode", [(c, "default") for c in sorted(ADVERSARIAL)] +
+                         [(c, "fallback") for c in sorted(SNOOPS)])
+def test_adversarial_program_is_contained(case, mode):
+  if mode == "fallback" and not CAN_FALLBACK:
+    pytest.skip("needs root (to switch users) and a system python readable by every uid")
   body, limits, reasons = ADVERSARIAL[case]
   start = time.monotonic()
-  result = run_contained(body, limits)
+  result = run_contained(body, limits, MODES[mode])
   assert result.reason in reasons, result
+  check_snoop(case, result)
   if case == "cpu_limit":
     assert time.monotonic() - start < limits.wall_s  # ended by the CPU limit, not the wall
   if case == "huge_file":
@@ -176,6 +357,27 @@ def test_adversarial_program_is_contained(case):
     assert result.stderr == b"9" * limits.stderr_bytes
   if case == "grandchild_outlives_parent":
     assert result.stdout == b"parent done\n" and result.wall_s < 5.0
+
+
+@pytest.mark.parametrize("case, mode", [(c, m) for m in MODES for c in sorted(SNOOPS)])
+def test_adversarial_program_earns_no_code_reward(case, mode):
+  """As a code reward's response (the harness, the program forked from it), nothing it finds or
+  does earns a reward: no secret output, no expected size, and it leaves nothing running."""
+  if mode == "fallback" and not CAN_FALLBACK:
+    pytest.skip("needs root (to switch users) and a system python readable by every uid")
+  marker, source = marked(ADVERSARIAL[case][0])
+  reward = code_reward.score(reward_record(case), f"```python\n{source}\n```", timeout_s=1.0,
+                             config=MODES[mode])
+  assert reward == 0.0, case
+  time.sleep(0.05)
+  assert survivors(marker) == []
+
+
+def test_output_printed_before_os_exit_is_kept():
+  """The program runs unbuffered, as from a terminal: os._exit (no flush) keeps what it printed."""
+  result = sandbox.run("import os, sys\nprint('line')\nsys.stdout.write('partial')\nsys.stderr.write('err')\n"
+                       "os._exit(0)\n")
+  assert (result.reason, result.stdout, result.stderr) == ("ok", b"line\npartial", b"err"), result
 
 
 def test_network_is_unreachable(isolation):
@@ -300,7 +502,6 @@ def test_pool_runs_batches_in_parallel_and_counts_throughput():
 needs_root_and_system_python = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
     reason="needs root (to switch users) and a system python readable by every uid")
-FALLBACK = sandbox.SandboxConfig(python=SYSTEM_PYTHON, use_namespaces=False)
 
 
 @needs_root_and_system_python
@@ -327,6 +528,51 @@ def test_fallback_blocks_sockets_and_kill_all_and_cleans_up():
   assert not os.path.exists("/root/pwned")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root fallback's own interpreter choice")
+def test_fallback_as_root_runs_with_the_default_interpreter():
+  """As root the fallback runs programs as an unused uid: with no interpreter given, one that uid
+  cannot reach (e.g. under /root, mode 0700) gives way to a system python, and programs run."""
+  config = sandbox.SandboxConfig(use_namespaces=False)
+  assert sandbox.detect_isolation(config) == "fallback"
+  result = sandbox.run("import os, sys\nprint(os.getuid() >= 2_000_000_000, sys.version_info >= (3, 10))",
+                       config=config)
+  assert (result.reason, result.stdout) == ("ok", b"True True\n"), result
+
+
+@needs_root_and_system_python
+def test_fallback_as_root_says_why_an_interpreter_is_out_of_reach(tmp_path):
+  locked = tmp_path / "locked"
+  locked.mkdir(mode=0o700)
+  python = str(locked / "python3")
+  shutil.copy(os.path.realpath(SYSTEM_PYTHON), python)
+  config = sandbox.SandboxConfig(python=python, python_prefix="/usr", use_namespaces=False)
+  with pytest.raises(sandbox.SandboxError, match=r"cannot reach the interpreter .*locked/python3: /\S+ is mode 0700"):
+    sandbox.detect_isolation(config)
+
+
+@needs_root_and_system_python
+def test_fallback_hides_the_host_filesystem_and_other_processes():
+  """Where the kernel has Landlock, a fallback program reads only the interpreter, system libraries
+  and its own directory: no repo, no /proc (no other process's memory or environment)."""
+  if sandbox.run("import os; os.listdir('/proc')", config=FALLBACK).ok:
+    pytest.skip("no Landlock on this kernel: the fallback shows the host filesystem (documented)")
+  body = f"""
+  import os
+  for path in {[REPO_FILE, "/proc/self/mem", f"/proc/{os.getpid()}/environ", "/proc", "/home", "/etc/passwd"]!r}:
+    try:
+      print("GOT", path, len(os.listdir(path) if os.path.isdir(path) else open(path, "rb").read()))
+    except OSError as e:
+      print("hidden", path, type(e).__name__)
+  open("mine", "w").write("x")
+  print(open("mine").read(), open("/usr/lib/os-release").read() != "")
+  """
+  result = run_contained(body, sandbox.Limits(wall_s=5.0), FALLBACK)
+  assert result.reason == "ok", result
+  lines = result.stdout.decode().splitlines()
+  assert [line.split()[0] for line in lines[:-1]] == ["hidden"] * 6, lines
+  assert lines[-1] == "x True", lines
+
+
 def test_require_isolation_refuses_the_fallback():
   with pytest.raises(sandbox.SandboxError):
     sandbox.detect_isolation(sandbox.SandboxConfig(use_namespaces=False, require_isolation=True))
@@ -337,8 +583,13 @@ def run_as_nobody(use_namespaces: bool) -> tuple[list[str], str]:
   without privileges, as on a TPU VM or a GPU node); returns its printed lines and the marker."""
   marker, body = marked("""
   import os, socket, time
-  print(os.getuid(), sorted(os.listdir('/'))[:3], os.path.exists('/dev/shm'))
-  for what, attempt in (("inet", socket.socket), ("kill_all", lambda: os.kill(-1, 9))):
+  try:
+    top = sorted(os.listdir('/'))[:3]
+  except OSError as e:  # the fallback under Landlock
+    top = type(e).__name__
+  print(os.getuid(), top, os.path.exists('/dev/shm'))
+  for what, attempt in (("inet", socket.socket), ("kill_all", lambda: os.kill(-1, 9)),
+                        ("parent_environ", lambda: open(f"/proc/{os.getppid()}/environ").read())):
     try:
       attempt()
       print(what, "ALLOWED")
@@ -372,7 +623,8 @@ def test_unprivileged_user_gets_namespaces(isolation):
   lines, marker = run_as_nobody(use_namespaces=True)
   nobody = pwd.getpwnam("nobody").pw_uid
   assert lines == ["namespaces", f"{nobody} ['bin', 'dev', 'etc'] False",  # its own uid; no host /dev/shm
-                   "inet PermissionError", "kill_all ProcessLookupError", "timeout"], lines
+                   "inet PermissionError", "kill_all ProcessLookupError", "parent_environ FileNotFoundError",
+                   "timeout"], lines
   assert survivors(marker) == []
 
 
@@ -380,5 +632,9 @@ def test_unprivileged_user_gets_namespaces(isolation):
 def test_unprivileged_user_fallback():
   lines, marker = run_as_nobody(use_namespaces=False)
   assert lines[0] == "fallback" and lines[1].endswith(" True"), lines  # the host's filesystem
-  assert lines[2:] == ["inet PermissionError", "kill_all PermissionError", "timeout"], lines
+  # the launcher's environment (and its parent's, the grader's, holding the expected outputs) is
+  # the same user's: only Landlock keeps it from the program
+  landlock = sandbox.run("import os; os.listdir('/proc')", config=FALLBACK).reason == "error"
+  assert lines[2:] == ["inet PermissionError", "kill_all PermissionError",
+                       "parent_environ " + ("PermissionError" if landlock else "ALLOWED"), "timeout"], lines
   assert survivors(marker) == []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from oapl_jax import objectives, parallel
+from oapl_jax import objectives, sections, parallel
 from oapl_jax.models import api, qwen
 from oapl_jax.models.config import QwenConfig
 from benchmarks import train_bench
@@ -141,16 +141,17 @@ def test_bf16_compute_keeps_float32_master_params():
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.opt_state) if x.ndim > 0)
 
 
-def test_from_config_rejects_unknown_settings():
-  cfg = trainer.TrainConfig.from_config(ml_collections.ConfigDict(
+def test_trainer_section_reads_the_chosen_loss_and_rejects_unknown_settings():
+  cfg = sections.build(trainer.TrainConfig, ml_collections.ConfigDict(
       {"loss": "grpo", "micro_batches": 2, "optim": {"lr": 2e-6},
-       "loss_settings": {"grpo": {"clip_eps": 0.3}, "oapl": {"beta2": 0.5}}}))
+       "loss_settings": {"grpo": {"clip_eps": 0.3}, "oapl": {"beta2": 0.5}}}), "trainer")
   assert cfg.loss == "grpo" and cfg.micro_batches == 2 and cfg.optim.lr == 2e-6
+  assert cfg.optim.b2 == 0.95 and cfg.optim.max_grad_norm == 1.0  # the trainer's defaults, from OptimConfig
   assert cfg.loss_settings == objectives.GRPOSettings(clip_eps=0.3)  # only the chosen loss's entry is read
-  with pytest.raises(ValueError, match="unknown setting"):
-    trainer.TrainConfig.from_config({"loss": "oapl", "loss_settings": {"oapl": {"clip_eps": 0.2}}})
-  with pytest.raises(ValueError, match="unknown settings"):
-    trainer.TrainConfig.from_config({"optim": {"learning_rate": 1e-6}})
+  with pytest.raises(sections.ConfigError, match=r"trainer.loss_settings.oapl.clip_eps: unknown setting"):
+    sections.build(trainer.TrainConfig, {"loss": "oapl", "loss_settings": {"oapl": {"clip_eps": 0.2}}}, "trainer")
+  with pytest.raises(sections.ConfigError, match=r"trainer.optim.learning_rate: unknown setting"):
+    sections.build(trainer.TrainConfig, {"optim": {"learning_rate": 1e-6}}, "trainer")
 
 
 def test_one_prompt_per_micro_batch_spreads_its_sequences_and_matches_one_device():
