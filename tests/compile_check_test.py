@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from configs import arithmetic, code, math as math_config
 from oapl_jax import compile_check as cc
+from oapl_jax.run import assemble, schema
 
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install 'libtpu==0.0.42.*'): no TPU topologies")
 GIB = 1024 ** 3
@@ -24,8 +25,8 @@ def tiny_config(**model):
   reference attention (the analytic count assumes its full T x T scores)."""
   cfg = arithmetic.get_config()
   cfg.model.overrides = dict(vocab_size=512, hidden_size=256, intermediate_size=1024, num_layers=1, num_heads=4,
-                             num_kv_heads=2, head_dim=64, max_position_embeddings=512, logprob_chunk=512,
-                             attention="reference", **model)
+                             num_kv_heads=2, head_dim=64, max_position_embeddings=512, **model)
+  cfg.model.update(logprob_chunk=512, attention="reference")
   cfg.loop.update(batch_prompts=8, group_size=4)
   cfg.sampler.update(num_slots=16, max_prefill_length=64, max_new_tokens=64)
   cfg.eval.max_new_tokens = 64
@@ -64,9 +65,9 @@ def test_multi_slice_placement_needs_dcn_and_spans_slices_with_it():
   cfg = tiny_config()
   cfg.mesh.update(trainer_dcn=(1, 1, 1), sampler_dcn=(1, 1, 1))
   with pytest.raises(ValueError, match="2 slices"):
-    cc._placement(cfg.mesh, devices)  # a dcn of (1, 1, 1) cannot cover two slices
+    cc._placement(schema.from_config(cfg), devices)  # a dcn of (1, 1, 1) cannot cover two slices
   cfg.mesh.update(trainer_dcn=(-1, 1, 1), sampler_dcn=(-1, 1, 1))  # the default: data parallel across slices
-  placement = cc._placement(cfg.mesh, devices)
+  placement = cc._placement(schema.from_config(cfg), devices)
   assert dict(placement.trainer.mesh.shape) == {"data": 2, "fsdp": 16, "tensor": 1}
   for row in placement.trainer.mesh.devices.reshape(2, 16):  # each data index is one whole slice
     assert len({d.slice_index for d in row}) == 1
@@ -84,12 +85,11 @@ def report():
 
 def test_memory_of_every_program_matches_its_inputs(report):
   topo_devices = cc.topology_devices(cc.parse_topology("v5e-8"))
-  cfg = tiny_config()
-  placement = cc._placement(cfg.mesh, topo_devices)
-  model = cc._model(cfg.model)
-  _, train_cfg = cc._train_step(cfg, model, placement.trainer)
-  args = cc.train_inputs(train_cfg, model, placement.trainer, 8, 4, 128)
-  sampler_args = cc.sampler_inputs(cc._sampler(cfg, model, placement.sampler), prefill_rows=4)
+  rc = schema.from_config(tiny_config())
+  placement = cc._placement(rc, topo_devices)
+  model = cc._model(rc)
+  args = cc.train_inputs(assemble.train_config(rc), model, placement.trainer, 8, 4, 128)
+  sampler_args = cc.sampler_inputs(assemble.build_sampler(rc, model, placement.sampler), prefill_rows=4)
   expected = {"train_step": _shard_bytes(args), **{k: _shard_bytes(v) for k, v in sampler_args.items()}}
   assert set(report.programs) == set(cc.PROGRAMS)
   for name, mem in report.programs.items():
@@ -119,7 +119,7 @@ def test_analytic_flops_match_xla_on_a_loop_free_step(report):
 
 
 def test_remat_adds_the_layers_forward_once():
-  c = cc._model(tiny_config().model).config
+  c = cc._model(schema.from_config(tiny_config())).config
   plain, remat = (cc.train_flops(c.replace(remat=r, num_layers=3), 10, 100) for r in (False, True))
   layers_forward = 3 * (2 * (2 * 4 * 64 * 256 + 2 * 2 * 64 * 256 + 3 * 256 * 1024) * 1000 + 4 * 4 * 64 * 100 * 100 * 10)
   assert remat["executed"] - plain["executed"] == layers_forward and remat["model"] == plain["model"]
@@ -157,16 +157,16 @@ def test_required_bytes_from_compiler_messages(message, expected):
 def test_trainer_length_is_the_rollouts_budget_offline_and_the_loops_online():
   offline = code.get_config()  # the offline trainer (rl/offline.py) packs only the stored 32000-token rollouts
   assert (offline.sampler.max_new_tokens, offline.eval.max_new_tokens) == (32000, 65536)
-  assert cc.seq_len_of(offline) == 4096 + 32000 - 1
+  assert cc.seq_len_of(schema.from_config(offline)) == 4096 + 32000 - 1
   online = math_config.get_config()  # the loop's buffer also fits eval's lengths
   online.eval.max_new_tokens = online.sampler.max_new_tokens + 100
-  assert cc.seq_len_of(online) == online.sampler.max_prefill_length + online.sampler.max_new_tokens + 100 - 1
+  assert cc.seq_len_of(schema.from_config(online)) == online.sampler.max_prefill_length + online.sampler.max_new_tokens + 100 - 1
 
 
 def test_num_layers_probe_cuts_only_the_layers():
   cfg = code.get_config()
-  full, cut = cc._model(cfg.model), cc._model(cfg.model, num_layers=3)
+  full, cut = cc._model(schema.from_config(cfg)), cc._model(schema.from_config(cfg), num_layers=3)
   assert (full.config.num_layers, cut.config.num_layers) == (48, 3)
   assert cut.config.replace(num_layers=48) == full.config
   with pytest.raises(ValueError, match="num_layers=-1"):
-    cc._model(cfg.model, num_layers=-1)
+    cc._model(schema.from_config(cfg), num_layers=-1)

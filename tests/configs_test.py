@@ -7,7 +7,7 @@ import os
 import pytest
 
 from oapl_jax import sections
-from oapl_jax.run import check
+from oapl_jax.run import assemble, check
 from oapl_jax.tasks import problem_checks
 from oapl_jax.rl import loop
 from tests.hf_fixtures import make_chat_tokenizer, make_hf_checkpoint

@@ -65,7 +65,7 @@ def test_run_names_are_short_safe_and_unique():
 def test_plan_checks_fields_and_builds_commands(tmp_path):
   config = tmp_path / "cfg.py"
   config.write_text(TINY_CONFIG.replace('"config.seed", 1', '"config.no_such.field", 1'))
-  with pytest.raises(ValueError, match="'config.no_such.field' is not a field"):
+  with pytest.raises(ValueError, match="override config.no_such.field: no_such is not a field of the config"):
     sweep.plan(f"{config}", str(tmp_path / "w"))
   config.write_text(TINY_CONFIG.replace('"config.seed", 1', '"config.seed", 1.5'))
   with pytest.raises(ValueError, match=r"config.seed=1.5 does not fit the field"):

@@ -46,6 +46,10 @@ PROGRAMS = {  # name -> (record, response, reward)
     "call_crash": (CALL, fenced("def drop(nums, x):\n  return nums[10]"), 0.0),
     "call_missing_function": (CALL, fenced("def other(nums, x):\n  return []"), 0.0),
     "call_not_json": (CALL, fenced("def drop(nums, x):\n  return {1, 2}"), 0.0),
+    "stdio_print_then_os_exit": (STDIO, fenced(  # unbuffered, as from a terminal: the output is kept
+        "import os\nprint(sum(map(int, input().split())))\nos._exit(0)"), 1.0),
+    "stdio_print_then_kill_own_group": (STDIO, fenced(  # a crash after the right output fails the test
+        "import os, signal\nprint(sum(map(int, input().split())))\nos.killpg(0, signal.SIGKILL)"), 0.0),
     "call_deeply_nested": (CALL, fenced(  # valid JSON within the output cap, too deep for json.loads here
         "import sys\nsys.setrecursionlimit(10**5)\ndef drop(nums, x):\n  r = []\n  for _ in range(2000):\n"
         "    r = [r]\n  return r"), 0.0),
@@ -141,6 +145,72 @@ print(*found)
   assert code_reward.score(record, snoop) == 0.0
   control = {"tests": [{"input": secret, "output": secret, "testtype": "stdin"}]}
   assert code_reward.score(control, snoop) == 1.0  # it does find what enters the sandbox
+
+
+YES = {"tests": [{"input": "1\n", "output": "YES", "testtype": "stdin"}]}
+NO = {"tests": [{"input": "1\n", "output": "NO", "testtype": "stdin"}]}
+
+
+def test_sandbox_job_does_not_depend_on_expected_outputs():
+  """Nothing derived from the expected outputs (not even their sizes) enters the sandbox: records
+  that differ only there give the very same job (code, inputs, limits)."""
+  response = fenced("print(input())")
+  big = {"tests": [{"input": "1\n", "output": "Y" * (20 << 20), "testtype": "stdin"}]}
+  jobs = [code_reward._job(record, response, code_reward.Settings())[1] for record in (YES, NO, big)]
+  assert jobs[0] == jobs[1] == jobs[2]
+  calls = [{"tests": json.dumps([{"input": "[1, 2]\n2", "output": out, "testtype": "functional"}]),
+            "metadata": json.dumps({"func_name": "drop"})} for out in ("[1]", "[1, 1, 1, 1, 1, 1]")]
+  assert code_reward._job(calls[0], response, code_reward.Settings())[1] == code_reward._job(
+      calls[1], response, code_reward.Settings())[1]
+
+
+def test_cannot_learn_expected_output_sizes():
+  """A program that looks through the harness's frames, globals and gc for anything sized by the
+  answers (the per-test output caps once were: 2 * len(expected) + 4096) and answers a YES/NO
+  problem by it: never having seen the answer, it cannot pass both a YES and a NO record."""
+  snoop = fenced("""
+import gc, sys
+sizes = []
+frame = sys._getframe()
+while frame is not None:
+  for scope in (frame.f_locals, frame.f_globals):
+    sizes += [v for k, v in scope.items() if "cap" in k and isinstance(v, int)]
+  frame = frame.f_back
+for obj in gc.get_objects():
+  if isinstance(obj, dict):
+    for key, value in list(obj.items()):
+      if isinstance(key, str) and "cap" in key:
+        sizes += value if isinstance(value, list) else [value]
+sizes = [(s - 4096) // 2 for s in sizes if isinstance(s, int)]
+print("NO" if 2 in sizes and 3 not in sizes else "YES")
+""")
+  rewards = (code_reward.score(YES, snoop), code_reward.score(NO, snoop))
+  assert rewards != (1.0, 1.0), rewards
+  assert rewards == (1.0, 0.0)  # it answers blind: always YES
+
+
+def test_output_over_the_fixed_cap_fails():
+  """Each test's output is capped by a fixed output_bytes, whatever the expected output's size."""
+  record = {"tests": [{"input": "", "output": "x" * 10, "testtype": "stdin"},
+                      {"input": "", "output": "x" * 100, "testtype": "stdin"}]}
+  echo = fenced("print('x' * (10 if not __import__('os').path.exists('seen') else 100))\nopen('seen', 'w')")
+  assert code_reward.score(record, echo, partial_credit=True) == 1.0
+  assert code_reward.score(record, echo, partial_credit=True, output_bytes=64) == 0.5
+  with pytest.raises(ValueError):
+    code_reward.Settings(output_bytes=0)
+
+
+def test_killing_its_own_group_is_a_failure_not_a_timeout():
+  reward = code_reward.CodeReward(num_workers=1, timeout_s=1.0)
+  try:
+    responses = [fenced("import os, signal\nos.killpg(0, signal.SIGKILL)"),
+                 fenced("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"),
+                 fenced("while True:\n  pass")]
+    result = reward([STDIO] * 3, responses)
+    np.testing.assert_array_equal(result.rewards, [0, 0, 0])
+    assert (result.num_failed, result.num_timeout) == (0, 1)  # only the loop ran out of time
+  finally:
+    reward.close()
 
 
 def test_forged_records_and_killing_the_harness_score_zero():
