@@ -3,7 +3,7 @@
   python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo      (make demo)
   python -m oapl_jax.main --config configs/arithmetic.py:smoke --workdir /tmp/smoke
   python -m oapl_jax.main --config configs/arithmetic.py:grpo --workdir runs/grpo   # the GRPO baseline
-  python -m oapl_jax.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --parallel 2  # get_hyper's 9 runs
+  python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --parallel 2  # get_hyper's 9 runs
 
 The model is warm-started by a short supervised phase on an imperfect teacher: 70% of the
 demonstrations slip on the last digit. It learns addition, and the slip, so held-out pass@1 at

@@ -58,7 +58,7 @@ def get_config(arg: str = "") -> ConfigDict:
   c.trainer.optim.update(lr=1e-6, b1=0.9, b2=0.999, weight_decay=0.0, max_grad_norm=1.0, schedule="cosine",
                          warmup_ratio=0.02, min_ratio=0.05, total_steps=418)
   c.trainer.micro_batches = 8  # 4 prompts x 8 samples = 32 sequences per micro-batch: one per device of a v5p-64
-  # Compile check on v5p-64 (python -m oapl_jax.compile_check --config configs/code.py --topology v5p-64), per chip:
+  # Compile check on v5p-64 (python -m oapl_jax.apps.compile_check --config configs/code.py --topology v5p-64), per chip:
   # train step at T=36095 44.5 GiB (46% of 95.7; remat + splash; about 10 GiB fixed + 0.72 GiB per layer, mostly
   # the bf16 residual saved per layer), prefill 2.8, insert 26.5, decode 39.6, train + resident sampler 70.9 (74%).
   # 64 slots: the KV cache is sized for eval's 64K tokens; on a v5p-64 insert/decode compile to 26/46 GiB per chip

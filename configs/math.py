@@ -48,6 +48,6 @@ def get_config(arg: str = "") -> ConfigDict:
 
 
 def get_hyper(h):
-  """The KL strength to the sampler against the lag (python -m oapl_jax.sweep --config configs/math.py:sweep ...)."""
+  """The KL strength to the sampler against the lag (python -m oapl_jax.apps.sweep --config configs/math.py:sweep ...)."""
   return h.product([h.sweep("config.trainer.loss_settings.oapl.beta2", [1e-3, 3e-3]),
                     h.sweep("config.loop.sync_every", [50, 100, 200])])

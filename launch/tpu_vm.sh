@@ -3,7 +3,7 @@
 #
 # Steps, in order (each printed by --dry-run exactly as it would run):
 #   1. the compile check, here, before any TPU is rented:
-#        python -m oapl_jax.compile_check --config CONFIG --topology TOPOLOGY [overrides]
+#        python -m oapl_jax.apps.compile_check --config CONFIG --topology TOPOLOGY [overrides]
 #   2. the commit to ship: `git archive HEAD` to a tarball;
 #   3. the TPUs: reuse the queued resource NAME if it exists, else create it (`queued-resources create`, one
 #      node per slice: NAME for one slice, NAME-0 .. NAME-{N-1} for N slices) and wait until it is ACTIVE;
@@ -109,7 +109,7 @@ WHERE=(--zone="$ZONE" --project="$PROJECT")
 
 # 1. Compile check, locally.
 step "$(words cd "$REPO")"
-step "$(words "$PYTHON" -m oapl_jax.compile_check --config "$CONFIG" --topology "$TOPOLOGY" "${OVERRIDES[@]}")"
+step "$(words "$PYTHON" -m oapl_jax.apps.compile_check --config "$CONFIG" --topology "$TOPOLOGY" "${OVERRIDES[@]}")"
 # 2. The commit to ship.
 step "$(words git archive --format=tar.gz -o "$TARBALL" "$COMMIT")"
 # 3. The TPUs: reuse or create.

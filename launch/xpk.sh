@@ -3,7 +3,7 @@
 #
 # Steps, in order (each printed by --dry-run exactly as it would run):
 #   1. TPU only: the compile check, here, before the workload is queued:
-#        python -m oapl_jax.compile_check --config CONFIG --topology TOPOLOGY [overrides]
+#        python -m oapl_jax.apps.compile_check --config CONFIG --topology TOPOLOGY [overrides]
 #      (it compiles for TPU topologies; there is none for GPUs, so a GPU run goes without);
 #   2. the commit to ship: `git archive` into a clean directory (xpk copies --script-dir into the image; the
 #      repo itself would bring .venv and runs/ along);
@@ -107,7 +107,7 @@ POD_COMMAND="$POD_SETUP$POD_PYTHON $(words -m oapl_jax.main --config "$CONFIG" -
 # 1. Compile check (TPU), locally.
 step "$(words cd "$REPO")"
 if [[ -n $TPU_TYPE ]]; then
-  step "$(words "$PYTHON" -m oapl_jax.compile_check --config "$CONFIG" --topology "$TOPOLOGY" "${OVERRIDES[@]}")"
+  step "$(words "$PYTHON" -m oapl_jax.apps.compile_check --config "$CONFIG" --topology "$TOPOLOGY" "${OVERRIDES[@]}")"
 else
   note "no compile check: oapl_jax.compile_check compiles for TPU topologies, and --device-type $DEVICE_TYPE is a GPU"
 fi

@@ -1,8 +1,8 @@
 """Does a config fit a TPU slice? The train step and the sampler, compiled ahead of time for a named
 topology on any host (a CPU laptop included), against each chip's HBM.
 
-  python -m oapl_jax.compile_check --config configs/math.py --topology v5p-64
-  python -m oapl_jax.compile_check --config configs/math.py --topology v5p-128 \
+  python -m oapl_jax.apps.compile_check --config configs/math.py --topology v5p-64
+  python -m oapl_jax.apps.compile_check --config configs/math.py --topology v5p-128 \
       --config.trainer.micro_batches=4 "--config.mesh.sampler_ici=(8,1,8)" --json /tmp/fit.json
 
 Needs libtpu (jax[tpu]'s pin: `pip install "libtpu==0.0.42.*"` for jax 0.10.2). v4-N and v5p-N count
@@ -30,12 +30,10 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from absl import app, flags
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from ml_collections import config_flags
 
 from oapl_jax import parallel
 from oapl_jax.models import api, factory
@@ -348,38 +346,3 @@ def format_report(report: Report) -> str:
               f"estimated step time at {100 * report.mfu:.0f}% MFU: {report.step_seconds:.2f} s "
               f"({f['tokens'] / report.step_seconds / report.trainer_devices:.0f} tokens/s/chip)"]
   return "\n".join(lines + [f"note: {n}" for n in report.notes])
-
-
-def main(_):
-  FLAGS = flags.FLAGS
-  report = check(FLAGS.config, FLAGS.topology, seq_len=FLAGS.seq_len or None, mfu=FLAGS.mfu,
-                 hbm_bytes=int(FLAGS.hbm_gib * GIB) if FLAGS.hbm_gib else None, programs=FLAGS.programs,
-                 num_layers=FLAGS.num_layers)
-  print(format_report(report))
-  if FLAGS.json:
-    with open(FLAGS.json, "w") as f:
-      json.dump({**dataclasses.asdict(report), "fits": report.fits()}, f, indent=2, default=float)
-  misfits = [name for name, ok in report.fits().items() if not ok]
-  if misfits:
-    print(f"\nDOES NOT FIT {report.topology}: {', '.join(misfits)} (over {report.hbm_bytes / GIB:.2f} GiB per chip, "
-          "or did not compile)", file=sys.stderr)
-    sys.exit(1)
-  print(f"\nfits {report.topology}")
-
-
-def run():
-  jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing here
-  config_flags.DEFINE_config_file("config", None, "Experiment config (get_config), as for oapl_jax.main.")
-  flags.DEFINE_string("topology", None, "v5p-64, v5e-256, v6e-16, 2xv5e-256, v5p:4x4x8, ...")
-  flags.DEFINE_integer("seq_len", 0, "trainer sequence length T (0: as the run computes it, seq_len_of)")
-  flags.DEFINE_float("mfu", 0.4, "model FLOPs utilization assumed for the step-time estimate")
-  flags.DEFINE_float("hbm_gib", 0.0, "HBM per chip to fit in (0: the chip's)")
-  flags.DEFINE_list("programs", list(PROGRAMS), "which programs to compile")
-  flags.DEFINE_integer("num_layers", 0, "compile the model cut to this many layers (0: all); memory probes")
-  flags.DEFINE_string("json", "", "write the numbers here")
-  flags.mark_flags_as_required(["config", "topology"])
-  app.run(main)
-
-
-if __name__ == "__main__":
-  run()

@@ -126,7 +126,7 @@ def test_remat_adds_the_layers_forward_once():
 
 
 def test_tiny_hbm_is_reported_as_a_misfit_and_the_cli_exits_nonzero():
-  cmd = [sys.executable, "-m", "oapl_jax.compile_check", "--config", "configs/arithmetic.py", "--topology", "v5e-8",
+  cmd = [sys.executable, "-m", "oapl_jax.apps.compile_check", "--config", "configs/arithmetic.py", "--topology", "v5e-8",
          "--programs=prefill", "--hbm_gib=0.000001"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})

@@ -11,7 +11,8 @@ import transformers
 
 from configs import arithmetic
 from oapl_jax.run import assemble
-from oapl_jax import checkpoints, config_base, eval_cli, export, parallel, run_dir
+from oapl_jax import checkpoints, config_base, export, parallel, run_dir
+from oapl_jax.apps import eval as eval_cli
 from oapl_jax.models import factory, hf, qwen
 from oapl_jax.rl import loop, trainer
 from oapl_jax.sampler import core, rollout

@@ -53,8 +53,8 @@ def training_lines(lines):
 
 def test_tpu_vm_v5p_64_single_slice():
   lines = tpu_vm("--name", "oapl-v5p", "--accelerator-type", "v5p-64")
-  check = index_of(lines, "oapl_jax.compile_check")
-  assert argv(lines[check]) == ["python3", "-m", "oapl_jax.compile_check", "--config", "configs/math.py",
+  check = index_of(lines, "oapl_jax.apps.compile_check")
+  assert argv(lines[check]) == ["python3", "-m", "oapl_jax.apps.compile_check", "--config", "configs/math.py",
                                 "--topology", "v5p-64"]
   create = index_of(lines, "queued-resources create")
   describe, created = lines[create].split(" >/dev/null 2>&1 || ")
@@ -81,7 +81,7 @@ def test_tpu_vm_v5p_64_single_slice():
 def test_tpu_vm_two_v5e_256_slices():
   lines = tpu_vm("--name", "oapl-v5e", "--accelerator-type", "v5litepod-256", "--num-slices", "2", "--",
                  "--config.loop.num_syncs=2")
-  check = argv(lines[index_of(lines, "oapl_jax.compile_check")])
+  check = argv(lines[index_of(lines, "oapl_jax.apps.compile_check")])
   assert flag(check, "--topology") == "2xv5litepod-256"
   assert check[-2:] == ["--config.mesh.trainer_dcn=(2,1,1)", "--config.loop.num_syncs=2"]
   created = argv(lines[index_of(lines, "queued-resources create")].split(" || ")[1])
@@ -98,7 +98,7 @@ def test_tpu_vm_two_v5e_256_slices():
   assert len(remotes) == 1  # the same command on every worker of every slice
   remote = shlex.split(remotes.pop())
   assert remote[-2:] == ["--config.mesh.trainer_dcn=(2,1,1)", "--config.loop.num_syncs=2"]
-  assert index_of(lines, "oapl_jax.compile_check") < index_of(lines, "oapl_jax.main")
+  assert index_of(lines, "oapl_jax.apps.compile_check") < index_of(lines, "oapl_jax.main")
   # both slices start together (background), then one wait
   assert all(line.endswith(" &") for line in training_lines(lines)) and lines[-1] == "wait"
 
@@ -108,7 +108,7 @@ def test_xpk_tpu_two_v5e_256_slices_and_gpu_nodes():
             "--commit", COMMIT)
   lines = dry_run("xpk.sh", "--cluster", "tpus", "--workload", "oapl-math", "--tpu-type", "v5litepod-256",
                   "--num-slices", "2", *common)
-  check, create = index_of(lines, "oapl_jax.compile_check"), index_of(lines, "xpk workload create")
+  check, create = index_of(lines, "oapl_jax.apps.compile_check"), index_of(lines, "xpk workload create")
   assert check < create
   words = argv(lines[create])
   assert words[:3] == ["xpk", "workload", "create"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from oapl_jax import sweep
+from oapl_jax.apps import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -213,6 +213,14 @@ def test_killing_its_own_group_is_a_failure_not_a_timeout():
     reward.close()
 
 
+def test_children_left_behind_do_not_fail_later_tests():
+  """Each test forks a child it never waits for: once the test ends, the sandbox's init reaps it
+  (left a zombie, it would count against the process limit and fail the tests after the 6th)."""
+  record = {"tests": [{"input": f"{i}\n", "output": f"{i}", "testtype": "stdin"} for i in range(10)]}
+  careless = fenced("import os\nif os.fork() == 0:\n  os._exit(0)\nprint(input())")
+  assert code_reward.score(record, careless, partial_credit=True) == 1.0
+
+
 def test_forged_records_and_killing_the_harness_score_zero():
   forge = fenced("import os\nprint('0 ok 0.1 2\\n3')\nfor fd in range(3, 20):\n  try:\n"
                  "    os.write(fd, b'0 ok 0.1 2\\n3\\n1 ok 0.1 3\\n11\\n2 ok 0.1 2\\n7\\n')\n  except OSError:\n    pass")

@@ -373,6 +373,39 @@ def test_adversarial_program_earns_no_code_reward(case, mode):
   assert survivors(marker) == []
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_orphans_are_reaped_so_they_do_not_use_up_the_process_limit(mode):
+  """A program whose children leave orphans behind (which end at once) keeps being able to fork:
+  init (namespaces) or the launcher (fallback) reaps them, zombies would count against the limit."""
+  if mode == "fallback" and not CAN_FALLBACK:
+    pytest.skip("needs root (to switch users) and a system python readable by every uid")
+  body = """
+  import os, time
+  def fork():
+    for _ in range(100):  # a moment for the reaper, never more
+      try:
+        return os.fork()
+      except BlockingIOError:
+        time.sleep(0.005)
+    raise SystemExit("fork refused: orphans left as zombies")
+  for i in range(12):
+    r, w = os.pipe()
+    pid = fork()
+    if pid == 0:
+      if fork() == 0:
+        os._exit(0)  # orphaned at once
+      os._exit(0)
+    os.close(w)
+    if os.waitpid(pid, 0)[1]:
+      raise SystemExit("the child could not fork")
+    os.read(r, 1)  # end of file: the orphan has exited
+    os.close(r)
+  print("forked", 2 * (i + 1))
+  """
+  result = run_contained(body, sandbox.Limits(wall_s=10.0, max_processes=4), MODES[mode])
+  assert (result.reason, result.stdout) == ("ok", b"forked 24\n"), result
+
+
 def test_output_printed_before_os_exit_is_kept():
   """The program runs unbuffered, as from a terminal: os._exit (no flush) keeps what it printed."""
   result = sandbox.run("import os, sys\nprint('line')\nsys.stdout.write('partial')\nsys.stderr.write('err')\n"

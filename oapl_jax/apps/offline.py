@@ -1,50 +1,54 @@
-"""The offline two-stage mode (rl/offline.py) from the command line.
+"""The paper's offline two-stage mode (rl/offline.py) from the command line.
 
   python -m oapl_jax.apps.offline generate --config configs/code.py:smoke --workdir W [--stage 1]
   python -m oapl_jax.apps.offline train --offline --config configs/code.py:smoke --workdir W [--stage 1]
   python -m oapl_jax.apps.offline run --config configs/code.py:smoke --workdir W    # every stage, with evals
 """
-from absl import app, flags
-from absl import logging as absl_logging
-from etils import epath
-from ml_collections import config_flags
+from __future__ import annotations
 
-from oapl_jax import checkpoints, distributed
-from oapl_jax.rl import offline
-from oapl_jax.run import assemble, schema
+from typing import Optional, Sequence
 
-_COMMANDS = ("generate", "train", "run")
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (get_config) with an `offline` section.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, rollouts (rollouts/stage-N), logs.")
-_STAGE = flags.DEFINE_integer("stage", None, "generate/train: the stage (default: the next one).")
-_OFFLINE = flags.DEFINE_bool("offline", False, "train: on stored rollouts (required).")
+from oapl_jax.apps import cli
+
+cli.skip_absent_tpu()
+
+from etils import epath  # noqa: E402
+
+from oapl_jax import checkpoints, distributed  # noqa: E402
+from oapl_jax.rl import offline  # noqa: E402
+from oapl_jax.run import assemble, schema  # noqa: E402
 
 
-def main(argv) -> None:
-  if len(argv) != 2 or argv[1] not in _COMMANDS:
-    raise app.UsageError(f"usage: python -m oapl_jax.apps.offline {{{'|'.join(_COMMANDS)}}} --config FILE[:VARIANT] "
-                         f"--workdir DIR [--stage N] [--offline]; got {argv[1:]}")
-  command, workdir = argv[1], _WORKDIR.value
-  rc = schema.from_config(_CONFIG.value)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  p = cli.parser("python -m oapl_jax.apps.offline", __doc__)
+  p.add_argument("command", choices=("generate", "train", "run"))
+  cli.add_config(p, required=True)
+  p.add_argument("--workdir", required=True, help="checkpoints, rollouts (rollouts/stage-N), logs")
+  p.add_argument("--stage", type=int, help="generate/train: the stage (default: the next one)")
+  p.add_argument("--offline", action="store_true", help="train: on stored rollouts (required)")
+  args, cfg = cli.parse(p, argv)
+  rc = schema.from_config(cfg)
   if rc.offline is None:
-    raise app.UsageError("the config has no `offline` section (see configs/code.py)")
-  if command == "train" and not _OFFLINE.value:
-    raise app.UsageError("`train` here trains on stored rollouts: pass --offline (online OAPL: python -m oapl_jax.main)")
-  absl_logging.set_stderrthreshold("info")
+    p.error("the config has no `offline` section (see configs/code.py)")
+  if args.command == "train" and not args.offline:
+    p.error("`train` here trains on stored rollouts: pass --offline (online OAPL: python -m oapl_jax.main)")
+  workdir = args.workdir
+  if args.command == "train" and not checkpoints.step_dirs(epath.Path(workdir).expanduser().absolute()
+                                                          / "checkpoints")[0]:
+    p.error(f"no checkpoint in {workdir}/checkpoints: run `generate` first")
+  cli.console_logging()
   distributed.initialize()
-  if command == "train" and not checkpoints.step_dirs(epath.Path(workdir).expanduser().absolute() / "checkpoints")[0]:
-    raise app.UsageError(f"no checkpoint in {workdir}/checkpoints: run `generate` first")
   run = assemble.setup(rc, workdir)
-  if command == "run":
+  if args.command == "run":
     summary = offline.run_stages(run, workdir)
     print("\n=== offline OAPL finished ===")
     for key, value in summary.items():
       print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
-    return
+    return 0
   try:
     offline.ensure_start_checkpoint(run)
-    stage = _STAGE.value or run.meta.syncs_done + 1
-    if command == "generate":
+    stage = args.stage or run.meta.syncs_done + 1
+    if args.command == "generate":
       store = offline.generate_stage(run, rc.offline, stage, workdir)
       print(f"stage {stage}: {store.header.num_prompts} prompts x {store.header.group_size} in {store.directory}")
     else:
@@ -53,8 +57,8 @@ def main(argv) -> None:
       print(f"stage {stage}: {stats}; eval after it: {offline.evaluate_policy(run)}")
   finally:
     offline.close(run)
+  return 0
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  cli.run(main)

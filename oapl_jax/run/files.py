@@ -47,7 +47,9 @@ def _parse(flag: str) -> tuple[str, Any]:
 
 
 def override(cfg: ConfigDict, key: str, value: Any) -> None:
-  """cfg[a][b] = value for key 'a.b' (or 'config.a.b'); the field must exist, and a field's type is kept."""
+  """cfg[a][b] = value for key 'a.b' (or 'config.a.b'): its parents must exist and an existing field keeps its
+  type; a new leaf is added (dict fields such as model.overrides take any key) and the typed run config
+  (run/schema.py) rejects one no section knows, with its full path."""
   parts = key.split(".")
   if parts[0] == "config":
     parts = parts[1:]

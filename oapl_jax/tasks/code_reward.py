@@ -9,9 +9,14 @@ The code is the last ``` fenced block (any language tag, or none) of the whole r
 scores 0. All of a program's tests run in ONE sandboxed child (`sandbox.py`): a harness there
 compiles the code once and forks a fresh process per test, with the test's stdin as fd 0, a
 per-test wall limit (`timeout_s`) and CPU limit, killing everything the test left behind. The
-sandbox gets the inputs only: expected outputs never enter it, and the comparison runs here.
-Reward 1.0 iff every test passes (`partial_credit=True`: the fraction passed). Without partial
-credit the harness stops at the first test that crashes or times out.
+program runs unbuffered (as `python -u`, or a terminal), so what it printed before os._exit or a
+crash is kept. The sandbox gets the code and the inputs only: nothing derived from the expected
+outputs (not even their sizes) enters it, so the program cannot find them in memory. Each test's
+stdout (or return value) is capped by a fixed `output_bytes`, the run's total by
+`total_output_bytes`, and the comparison runs here, in the grader. Reward 1.0 iff every test
+passes (`partial_credit=True`: the fraction passed). Without partial credit the harness stops at
+the first test that crashes or times out. A test that crashes, or kills itself or its process
+group, fails; only a test out of wall or CPU time counts as a timeout.
 
 Record fields read (a record may also be a JSON string of one):
   tests               JSON string or object, either
@@ -173,7 +178,6 @@ def _harness_main():
   import marshal
   import sys
   job = marshal.loads(sys.stdin.buffer.read())
-  out = sys.stdout.buffer
   builtins.exit = builtins.quit = sys.exit  # what `site` would add (the sandbox runs python -S)
   prelude = {}
   exec("from typing import *\nfrom collections import *\nfrom heapq import *\nfrom bisect import *\n"
@@ -184,18 +188,26 @@ def _harness_main():
     code = compile(job["code"], "solution.py", "exec")
   except BaseException as e:  # pylint: disable=broad-except  (SyntaxError, ValueError: null bytes)
     message = repr(e).encode()
-    out.write(f"0 error 0 {len(message)}\n".encode() + message)
+    _harness_write(f"0 error 0 {len(message)}\n".encode() + message)
     return
   for i, test_input in enumerate(job["inputs"]):
-    status, seconds, payload = _harness_test(code, job, test_input, job["caps"][i], prelude, builtins)
-    out.write(f"{i} {status} {seconds:.4f} {len(payload)}\n".encode() + payload)
-    out.flush()  # before the next fork, so no child inherits unflushed records
+    status, seconds, payload = _harness_test(code, job, test_input, prelude, builtins)
+    _harness_write(f"{i} {status} {seconds:.4f} {len(payload)}\n".encode() + payload)
     if status != "ok" and job["stop_on_failure"]:
       break
 
 
-def _harness_test(code, job, test_input, cap, prelude, builtins):
-  """Runs one test in a forked child; returns (status, seconds, output or return value bytes)."""
+def _harness_write(data):
+  """All of data to fd 1 (the sandbox's stdout pipe), unbuffered: no child inherits a buffer."""
+  view = memoryview(data)
+  while view:
+    view = view[os.write(1, view):]
+
+
+def _harness_test(code, job, test_input, prelude, builtins):
+  """Runs one test in a forked child; returns (status, seconds, output or return value bytes).
+  status: ok, error, memory, output_limit (over the fixed job["output_bytes"]), killed (a signal
+  not from a limit: e.g. the program killed its own group) or timeout (wall or CPU limit)."""
   import math
   import resource
   import select
@@ -206,6 +218,7 @@ def _harness_test(code, job, test_input, cap, prelude, builtins):
     f.write(b"" if call else test_input.encode())
   fds = [os.open("input", os.O_RDONLY)] + [
       os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for name in ("stdout", "stderr", "return")]
+  cpu = math.ceil(job["timeout_s"])
   start = time.monotonic()
   pid = os.fork()
   if pid == 0:
@@ -214,7 +227,6 @@ def _harness_test(code, job, test_input, cap, prelude, builtins):
       os.setpgid(0, 0)
       for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
-      cpu = math.ceil(job["timeout_s"])
       hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
       resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, hard), min(cpu + 1, hard)))
       status = _harness_child(code, job, test_input, fds[3], prelude, builtins)
@@ -226,7 +238,7 @@ def _harness_test(code, job, test_input, cap, prelude, builtins):
   timed_out = not select.select([pidfd], [], [], job["timeout_s"])[0]
   if timed_out:
     os.kill(pid, signal.SIGKILL)
-  _, status = os.waitpid(pid, 0)
+  _, status, usage = os.wait4(pid, 0)
   seconds = time.monotonic() - start
   os.close(pidfd)
   try:
@@ -238,29 +250,38 @@ def _harness_test(code, job, test_input, cap, prelude, builtins):
       os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
+  cap = job["output_bytes"]
   with open("return" if call else "stdout", "rb") as f:
     payload = f.read(cap + 1)
   with open("stderr", "rb") as f:
-    memory_error = b"MemoryError" in f.read()[-4096:]
+    f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+    memory_error = b"MemoryError" in f.read()
   signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-  if timed_out or signum in (signal.SIGXCPU, signal.SIGKILL):
+  out_of_cpu = signum == signal.SIGXCPU or (signum == signal.SIGKILL and usage.ru_utime + usage.ru_stime >= cpu)
+  if timed_out or out_of_cpu:
     return "timeout", seconds, b""
   if len(payload) > cap:
     return "output_limit", seconds, payload[:cap]
   if signum is None and os.WEXITSTATUS(status) == 0:
     return "ok", seconds, payload
-  return ("memory" if memory_error else "error"), seconds, payload
+  if memory_error:
+    return "memory", seconds, payload
+  return ("error" if signum is None else "killed"), seconds, payload
 
 
 def _harness_child(code, job, test_input, return_fd, prelude, builtins):
-  """In the test's process: a fresh __main__ module, real fds 0-2, the program, the call."""
+  """In the test's process: a fresh __main__ module, real fds 0-2 (stdout and stderr unbuffered,
+  as `python -u` makes them), the program, the call."""
+  import io
   import json
   import sys
   import traceback
   import types
-  sys.stdin = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
-  sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-  sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+  sys.stdin = sys.__stdin__ = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
+  sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                                 write_through=True)
+  sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                                 errors="backslashreplace", write_through=True)
   module = types.ModuleType("__main__")
   module.__dict__.update(prelude)
   module.__dict__.update(__name__="__main__", __file__="solution.py", __builtins__=builtins)
@@ -283,35 +304,47 @@ def _harness_child(code, job, test_input, return_fd, prelude, builtins):
   return status
 
 
-HARNESS_SOURCE = "import os\n" + "\n".join(
-    inspect.getsource(f) for f in (_harness_main, _harness_test, _harness_child)) + "\n_harness_main()\n"
+HARNESS_SOURCE = "import os\n" + "\n".join(inspect.getsource(f) for f in (
+    _harness_main, _harness_write, _harness_test, _harness_child)) + "\n_harness_main()\n"
 
 
 # ---- The parent side: jobs, grading, the reward. ----
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+  """output_bytes: the most stdout (or JSON return value) one test may produce, more fails it;
+  total_output_bytes: the most one program's run may send back for all its tests (the grader holds
+  it in memory), more fails the tests not yet sent. Both fixed: a cap derived from the expected
+  outputs would tell the program their sizes."""
   timeout_s: float = 6.0  # per test
   partial_credit: bool = False
   max_tests: int | None = None
   memory_bytes: int = 1 << 30
+  output_bytes: int = 32 << 20
+  total_output_bytes: int = 256 << 20
+
+  def __post_init__(self):
+    if not self.timeout_s > 0 or min(self.memory_bytes, self.output_bytes, self.total_output_bytes) <= 0:
+      raise ValueError(f"settings must be positive: {self}")
 
 
 def _job(record: Mapping | str, response: str, settings: Settings) -> tuple[TestSuite, sandbox.Job | None]:
-  """The record's tests and the sandbox job that runs the response's code on them (None: no code)."""
+  """The record's tests and the sandbox job that runs the response's code on them (None: no code).
+  The job is made of the code, the inputs and `settings` only: records that differ only in their
+  expected outputs give the same job (tests/tasks_code_reward_test.py checks this)."""
   record = json.loads(record) if isinstance(record, str) else record
   suite = parse_tests(record, settings.max_tests)
   code = extract_code(response)
   if code is None:
     return suite, None
-  expected = suite.outputs if suite.fn_name is None else [json.dumps(o) for o in suite.outputs]
-  caps = [2 * len(str(e).encode()) + 4096 for e in expected]
-  stdin = marshal.dumps(dict(code=code, fn_name=suite.fn_name, inputs=list(suite.inputs), caps=caps,
-                             timeout_s=settings.timeout_s, stop_on_failure=not settings.partial_credit))
+  stdin = marshal.dumps(dict(code=code, fn_name=suite.fn_name, inputs=list(suite.inputs),
+                             output_bytes=settings.output_bytes, timeout_s=settings.timeout_s,
+                             stop_on_failure=not settings.partial_credit))
   n = len(suite.inputs)
-  biggest = max(max(len(str(i).encode()) for i in suite.inputs), *caps)  # a file the harness writes
+  biggest = max(max(len(str(i).encode()) for i in suite.inputs), settings.output_bytes + 1)  # a file it writes
+  stdout_bytes = min(settings.total_output_bytes, n * (settings.output_bytes + 64)) + 4096
   limits = sandbox.Limits(wall_s=n * (settings.timeout_s + 0.5) + _HARNESS_START_S,
-                          memory_bytes=settings.memory_bytes, stdout_bytes=sum(caps) + 64 * n + 4096,
+                          memory_bytes=settings.memory_bytes, stdout_bytes=stdout_bytes,
                           max_file_bytes=max(16 << 20, 2 * biggest), workdir_bytes=max(64 << 20, 4 * biggest))
   return suite, sandbox.Job(HARNESS_SOURCE, stdin, limits)
 
@@ -347,10 +380,11 @@ def grade(suite: TestSuite, result: sandbox.RunResult, partial_credit: bool) -> 
 
 
 def score(record: Mapping | str, response: str, *, timeout_s: float = 6.0, partial_credit: bool = False,
-          max_tests: int | None = None, memory_bytes: int = 1 << 30,
+          max_tests: int | None = None, memory_bytes: int = 1 << 30, output_bytes: int = 32 << 20,
+          total_output_bytes: int = 256 << 20,
           config: sandbox.SandboxConfig = sandbox.SandboxConfig()) -> float:
   """The reward of one response: 1.0 iff its code passes all the record's tests (see module doc)."""
-  settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes)
+  settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes, output_bytes, total_output_bytes)
   suite, job = _job(record, response, settings)
   if job is None:
     return 0.0
@@ -366,9 +400,9 @@ class CodeReward:
   """
 
   def __init__(self, num_workers: int = 2, timeout_s: float = 6.0, partial_credit: bool = False,
-               max_tests: int | None = None, memory_bytes: int = 1 << 30,
-               config: sandbox.SandboxConfig = sandbox.SandboxConfig()):
-    self.settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes)
+               max_tests: int | None = None, memory_bytes: int = 1 << 30, output_bytes: int = 32 << 20,
+               total_output_bytes: int = 256 << 20, config: sandbox.SandboxConfig = sandbox.SandboxConfig()):
+    self.settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes, output_bytes, total_output_bytes)
     self.pool = sandbox.SandboxPool(num_workers, config=config)
 
   def __call__(self, records: Sequence[Mapping | str], responses: Sequence[str]) -> base.RewardResult:

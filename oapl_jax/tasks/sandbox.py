@@ -1,8 +1,9 @@
 """Runs untrusted Python programs (model-written code) in locked-down child processes.
 
 Standard library and the OS only; works unprivileged. Each run: a launcher interpreter (`python -I -S -B -c
-<sandbox_launcher.py>`) sets the sandbox up, forks the program's process and execs `python -I -S -B main.py`
-in a private working directory, with the run's stdin.
+<sandbox_launcher.py>`) sets the sandbox up, forks the program's process and execs `python -I -S -B -u
+main.py` in a private working directory, with the run's stdin; -u: stdout and stderr unbuffered, as a user
+expects from a terminal, so what a program printed before os._exit or a fatal signal is kept.
 
 Two isolation modes, chosen once per process by a probe (`detect_isolation`):
 
@@ -16,10 +17,19 @@ Two isolation modes, chosen once per process by a probe (`detect_isolation`):
     repo: writes outside /work are impossible and reads see only those binds. As root the program runs as an
     unused uid (2e9 + worker slot), as a user it keeps the user's uid (mapped in its user namespace); either
     way with no capabilities.
-  "fallback" (no namespaces): same limits, but the program sees the host filesystem with its uid's
-    permissions (as root: an unused uid, so only world-writable places such as /tmp are writable; as a user:
-    everything the user can write; enforced: nothing more), and can signal the user's other processes by
-    pid. A warning is logged; `require_isolation` refuses instead.
+  "fallback" (no namespaces): same limits. As root the program runs as an unused uid (2e9 + worker
+    slot), which must be able to run the interpreter: with SandboxConfig.python unset and the running one
+    out of its reach (e.g. a pyenv under /root, mode 0700), a system python3 (3.10+) is used and the
+    warning says so; with it set, SandboxError says which directory blocks it. Where the kernel has
+    Landlock (5.13+), the program may read only what namespace mode binds (the interpreter's prefix,
+    /usr, /bin, /lib*, /sbin, /etc/ld.so.cache, /etc/localtime, readonly_paths) and read and write only
+    its own directory and /dev/{null,zero,random,urandom}: no /proc (no other process's memory, environ
+    or fds), /sys, home, repo or data; and, as a Landlock domain, it cannot ptrace anything outside nor
+    (ABI 6+) signal it or reach its abstract unix sockets. Without Landlock it sees the host filesystem
+    with its uid's permissions (as root: an unused uid, so only world-writable places such as /tmp are
+    writable; as a user: everything the user can read and write, /proc/<pid>/ of the user's processes
+    included, where Yama allows), and can signal the user's other processes by pid. A warning says which;
+    `require_isolation` refuses the fallback instead.
 
 Always enforced, both modes: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_NPROC (processes + threads; counted per
 sandbox in namespace mode), RLIMIT_FSIZE (any one file written), RLIMIT_STACK, RLIMIT_NOFILE, no core files;
@@ -27,8 +37,9 @@ a wall-time limit (the launcher kills the program at the limit, the pool everyth
 backstop); a clean environment (HOME, TMPDIR, PATH, LANG); no setuid gains (no_new_privs); a seccomp filter
 (x86_64, aarch64) that refuses sockets other than AF_UNIX, new namespaces, setsid, ptrace and a few kernel
 surfaces (sandbox_launcher's _install_seccomp); the run's own session and process group, SIGKILLed after
-every run; stdout and stderr read concurrently and bounded (stdout: the first `stdout_bytes`, then the run
-is killed; stderr: the last `stderr_bytes`). Not enforced: total memory of several processes (each has its
+every run (in fallback mode by the launcher, a child subreaper, which also reaps them: zombies left to PID 1
+would count against the next run's process limit); stdout and stderr read concurrently and bounded
+(stdout: the first `stdout_bytes`, then the run is killed; stderr: the last `stderr_bytes`). Not enforced: total memory of several processes (each has its
 own RLIMIT_AS: a pool may use up to num_workers * max_processes * memory_bytes), CPU share, disk use in
 fallback. Reasons a run ends: ok, error (nonzero exit), timeout (wall or CPU), memory (MemoryError),
 output_limit (stdout cap or SIGXFSZ), killed (another signal), sandbox_error.
@@ -44,6 +55,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -56,6 +68,7 @@ log = logging.getLogger(__name__)
 REASONS = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
 _UID_BASE = 2_000_000_000  # unused uids for root-launched runs, one per worker slot
 _BACKSTOP_S = 3.0  # the pool kills a run this long after its wall limit if the launcher did not
+_REAP_S = 1.0  # fallback mode: how long the pool keeps killing a finished run's processes
 
 
 class SandboxError(RuntimeError):
@@ -104,7 +117,9 @@ class SandboxConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-  """How one run ended. reason: one of REASONS; exit_code/signal: the program's (None if not)."""
+  """How one run ended. reason: one of REASONS; exit_code/signal: the program's (None if not);
+  backstop: the pool had to kill the run after its wall limit because the launcher had not (a
+  containment failure: the reason is still "timeout"); detail: for sandbox_error, what failed."""
   reason: str
   exit_code: int | None
   signal: int | None
@@ -113,6 +128,8 @@ class RunResult:
   wall_s: float
   cpu_s: float
   stdout_truncated: bool = False
+  backstop: bool = False
+  detail: str = ""
 
   @property
   def ok(self) -> bool:
@@ -208,11 +225,13 @@ def run_once(source: str, stdin: bytes, limits: Limits, config: SandboxConfig, i
   finally:
     shutil.rmtree(host_dir, onerror=_force_remove)
   reason = _classify(status, limits, stderr, over, backstop)
+  detail = ""
   if reason == "sandbox_error":
-    log.warning("sandbox could not run a program: %s %r", status["error"], stderr[-2000:])
+    detail = f"{status['error']} {stderr[-2000:]!r}" if stderr else str(status["error"])
+    log.warning("sandbox could not run a program: %s", detail)
   return RunResult(reason=reason, exit_code=status.get("exit"), signal=status.get("signal"),
                    stdout=stdout, stderr=stderr, wall_s=time.monotonic() - start,
-                   cpu_s=status.get("cpu", 0.0), stdout_truncated=over)
+                   cpu_s=status.get("cpu", 0.0), stdout_truncated=over, backstop=backstop, detail=detail)
 
 
 def _force_remove(func, path, _):
@@ -261,25 +280,44 @@ def _collect(proc, status_fd, limits, start):
 
 def _kill_all(proc, isolated):
   """SIGKILLs the run's process group: the launcher and init (whose death ends the PID namespace
-  and everything in it), or in fallback mode every process of the run's session (setsid is
-  refused, so no descendant leaves it). The launcher is reaped only after, so its pid, the
-  group's and the session's id, cannot have been reused by then."""
+  and everything in it, the kernel waiting for them all), or in fallback mode every process of
+  the run's session (setsid is refused, so no descendant leaves it), again until none is alive
+  (for up to _REAP_S). Their zombies were reaped by the launcher (a child subreaper that kills and
+  reaps its session before it exits: zombies count against the next run's process limit, same
+  uid); only those of a launcher the program killed go to PID 1. The launcher is reaped only
+  after, so its pid, the group's and the session's id, cannot have been reused by then."""
   try:
     os.killpg(proc.pid, signal.SIGKILL)
   except (ProcessLookupError, PermissionError):
     pass
-  if not isolated:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+  deadline = time.monotonic() + _REAP_S
+  while not isolated and (members := _session_members(proc.pid)):
+    for pid in members:
       try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-          fields = f.read().rsplit(b")", 1)[1].split()  # after "(comm)": state ppid pgrp session
-        if int(fields[3]) == proc.pid:
-          os.kill(int(pid), signal.SIGKILL)
-      except (OSError, IndexError, ValueError):
+        os.kill(pid, signal.SIGKILL)
+      except OSError:
         pass
+    if time.monotonic() > deadline:
+      log.warning("sandbox: %d processes of a finished run survive SIGKILL", len(members))
+      break
+    time.sleep(0.005)
   proc.stdout.close()
   proc.stderr.close()
   proc.wait()
+
+
+def _session_members(session: int) -> list[int]:
+  """The live pids (not zombies) in `session`, but the session's leader (the launcher)."""
+  members = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()  # after "(comm)": state ppid pgrp session
+      if int(fields[3]) == session and int(pid) != session and fields[0] != b"Z":
+        members.append(int(pid))
+    except (OSError, IndexError, ValueError):
+      pass
+  return members
 
 
 def _parse_status(text: str) -> dict:
@@ -313,6 +351,12 @@ def _classify(status: dict, limits: Limits, stderr: bytes, over: bool, backstop:
 
 def detect_isolation(config: SandboxConfig = SandboxConfig()) -> str:
   """"namespaces" or "fallback", probed once per config; SandboxError if programs cannot run."""
+  return _resolve(config)[0]
+
+
+def _resolve(config: SandboxConfig) -> tuple[str, SandboxConfig]:
+  """(isolation, the config runs use): the config itself, or, for the fallback as root with the
+  default interpreter out of the unused uid's reach, the same with a system python."""
   key = dataclasses.astuple(config) + (config.interpreter(),)
   with _isolation_lock:
     if key not in _isolation_cache:
@@ -320,20 +364,78 @@ def detect_isolation(config: SandboxConfig = SandboxConfig()) -> str:
     return _isolation_cache[key]
 
 
-def _probe(config: SandboxConfig) -> str:
+_PROBE = """import os, socket, sys
+try:
+  socket.socket()
+except PermissionError:
+  print('blocked', *sys.version_info[:2])
+try:
+  os.listdir('/proc')
+  print('host filesystem')
+except OSError:
+  print('confined')
+"""
+_MIN_PYTHON = (3, 10)  # for a system python the fallback picks itself (the code reward's harness needs 3.9+)
+_SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+def _probe(config: SandboxConfig) -> tuple[str, SandboxConfig]:
   if os.uname().machine not in ("x86_64", "aarch64"):
     raise SandboxError(f"no seccomp filter for {os.uname().machine}: refusing to run unfiltered")
-  probe = "import socket\ntry:\n  socket.socket()\nexcept PermissionError:\n  print('blocked')\n"
-  failures = [] if config.use_namespaces else ["disabled by config"]
+  failures = [] if config.use_namespaces else ["namespaces: disabled by config"]
   for isolation in ("namespaces",) * config.use_namespaces + ("fallback",) * (not config.require_isolation):
-    result = run_once(probe, b"", Limits(wall_s=10.0), config, isolation)
-    if result.ok and result.stdout == b"blocked\n":
-      if isolation == "fallback":
-        log.warning("sandbox: FALLBACK mode (namespaces: %s): sockets are blocked, but programs see "
-                    "the host filesystem with their uid's permissions", "; ".join(failures))
-      return isolation
-    failures.append(f"{isolation}: {result.reason} {result.stderr[-500:]!r}")
+    candidates, note = [config], ""
+    if isolation == "fallback" and os.geteuid() == 0 and (blocker := _unreachable(config)):
+      note = (f"as root it runs programs as an unused uid ({_UID_BASE} + worker slot), which cannot reach the "
+              f"interpreter {config.interpreter()[0]}: {blocker}")
+      candidates = [] if config.python is not None else [
+          dataclasses.replace(config, python=p, python_prefix=None) for p in _SYSTEM_PYTHONS
+          if os.path.exists(p) and os.path.realpath(p) != config.interpreter()[0]]
+      candidates = [c for c in candidates if not _unreachable(c)]
+      if not candidates:
+        failures.append(f"fallback: {note}; give SandboxConfig(python=...) an interpreter every user can read "
+                        "and run")
+    for candidate in candidates:
+      result = run_once(_PROBE, b"", Limits(wall_s=10.0), candidate, isolation)
+      lines = result.stdout.decode(errors="replace").splitlines()
+      version = tuple(map(int, lines[0].split()[1:])) if result.ok and lines[:1] and lines[0].startswith(
+          "blocked ") else ()
+      if result.ok and version and (candidate is config or version >= _MIN_PYTHON):
+        if isolation == "fallback":
+          seen = ("sockets are blocked and Landlock lets programs read only the interpreter and system "
+                  "libraries and write only their own directory" if lines[1:] == ["confined"] else
+                  "sockets are blocked, but programs see the host filesystem with their uid's permissions "
+                  "(no Landlock on this kernel)")
+          if candidate is not config:
+            seen += f"; {note}, so programs run with {candidate.interpreter()[0]}"
+          log.warning("sandbox: FALLBACK mode (%s): %s", "; ".join(failures), seen)
+        return isolation, candidate
+      why = result.detail or f"{result.reason} {result.stdout[-200:]!r} {result.stderr[-500:]!r}"
+      if result.ok and version:
+        why = f"{candidate.interpreter()[0]} is Python {'.'.join(map(str, version))}, older than {_MIN_PYTHON}"
+      failures.append(f"{isolation}: {why}")
   raise SandboxError("no sandbox with the required isolation: " + "; ".join(failures))
+
+
+def _unreachable(config: SandboxConfig) -> str:
+  """Why a uid of no group (the fallback's, as root) cannot run config's interpreter: a directory
+  on the way or the interpreter without the permission bits for others ("" if none is missing)."""
+  python, prefix = config.interpreter()
+  needs = [(d, stat.S_IXOTH) for d in _ancestors(python) + _ancestors(prefix)]
+  needs += [(prefix, stat.S_IXOTH | stat.S_IROTH), (python, stat.S_IXOTH)]
+  for path, bits in needs:
+    try:
+      mode = os.stat(path).st_mode
+    except OSError as e:
+      return f"{path}: {e.strerror}"
+    if mode & bits != bits:
+      return f"{path} is mode {stat.S_IMODE(mode):04o} (others need {'r-x' if bits & stat.S_IROTH else '--x'})"
+  return ""
+
+
+def _ancestors(path: str) -> list[str]:
+  parts = path.split("/")[1:-1]
+  return ["/"] + ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 class SandboxPool:
@@ -347,7 +449,7 @@ class SandboxPool:
     if num_workers < 1:
       raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     self.limits, self.config = limits, config
-    self.isolation = detect_isolation(config)
+    self.isolation, self._run_config = _resolve(config)
     self._executor = cf.ThreadPoolExecutor(num_workers, thread_name_prefix="sandbox")
     self._lock = threading.Lock()
     self._in_flight = self._runs = 0
@@ -360,7 +462,8 @@ class SandboxPool:
         self._busy_since = time.monotonic()
       self._in_flight += 1
     try:
-      future = self._executor.submit(run_once, source, stdin, limits or self.limits, self.config, self.isolation)
+      future = self._executor.submit(run_once, source, stdin, limits or self.limits, self._run_config,
+                                     self.isolation)
     except BaseException:
       self._done(None, count=False)
       raise
@@ -396,4 +499,5 @@ class SandboxPool:
 def run(source: str, stdin: bytes = b"", limits: Limits = Limits(),
         config: SandboxConfig = SandboxConfig()) -> RunResult:
   """Runs one program in the sandbox (in this thread) and returns how it ended."""
-  return run_once(source, stdin, limits, config, detect_isolation(config))
+  isolation, run_config = _resolve(config)
+  return run_once(source, stdin, limits, run_config, isolation)

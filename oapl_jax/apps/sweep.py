@@ -1,11 +1,11 @@
 """Run a config's `get_hyper` sweep: one run directory per point, then one results table and one plot.
 
-  python -m oapl_jax.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep [--parallel 3]
-  python -m oapl_jax.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --print-commands
-  python -m oapl_jax.sweep --config configs/math.py --workdir /shared/sweep --launcher launch/slurm.sh \
+  python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep [--parallel 3]
+  python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --print-commands
+  python -m oapl_jax.apps.sweep --config configs/math.py --workdir /shared/sweep --launcher launch/slurm.sh \
       --launcher-args="--nodes 2 --partition h100 --job-name oapl-{index}"
-  python -m oapl_jax.sweep ... --collect          # only rebuild the table and the plot from what exists
-  python -m oapl_jax.sweep ... -- --config.loop.num_syncs=2   # overrides for every run (not in the names)
+  python -m oapl_jax.apps.sweep ... --collect          # only rebuild the table and the plot from what exists
+  python -m oapl_jax.apps.sweep ... -- --config.loop.num_syncs=2   # overrides for every run (not in the names)
 
 `get_hyper(h)` (in the config file, big_vision style) returns a list of override dicts built with
   h.sweep(key, values)  one point per value          h.fixed(key, value)  one point

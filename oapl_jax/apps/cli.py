@@ -1,0 +1,87 @@
+"""The one command-line style of every entry point (argparse): `--config FILE.py[:ARG]` plus any number of
+`--config.a.b=VALUE` overrides (Python literals; a bare word is a string), and the console logging.
+
+    parser = cli.parser("oapl-train", __doc__)
+    cli.add_config(parser, default="configs/arithmetic.py")
+    args, cfg = cli.parse(parser, argv)        # cfg: the overridden ConfigDict (None without --config)
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+
+def skip_absent_tpu() -> None:
+  """libtpu is installed with the test extras (for the compile check), and JAX then tries, loudly, to
+  start a TPU on any host. Where no TPU device node exists and JAX_PLATFORMS is unset, ask for the
+  GPU (if its plugin is installed) and the CPU only. Call before JAX starts."""
+  if "JAX_PLATFORMS" in os.environ or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  has_cuda = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+  os.environ["JAX_PLATFORMS"] = "cuda,cpu" if has_cuda else "cpu"
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def parser(prog: str, doc: str) -> argparse.ArgumentParser:
+  return argparse.ArgumentParser(prog=prog, description=doc.strip().split("\n")[0],
+                                 epilog="\n".join(doc.strip().split("\n")[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_config(p: argparse.ArgumentParser, *, default: Optional[str] = None, required: bool = False) -> None:
+  p.add_argument("--config", default=default, required=required, metavar="FILE.py[:ARG]",
+                 help="experiment config (get_config(ARG)); override fields with --config.a.b=VALUE")
+
+
+def parse(p: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None):
+  """(args, cfg): the flags, and the config file's ConfigDict with every --config.* override applied."""
+  args, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+  overrides = [a for a in rest if a.startswith("--config.")]
+  unknown = [a for a in rest if not a.startswith("--config.")]
+  if unknown:
+    p.error(f"unrecognized arguments: {' '.join(unknown)}")
+  if overrides and not getattr(args, "config", None):
+    p.error("--config.* overrides need --config FILE.py")
+  if not getattr(args, "config", None):
+    return args, None
+  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  try:
+    return args, files.load(args.config, overrides)
+  except (FileNotFoundError, ValueError) as e:
+    p.error(str(e))
+
+
+class _QuietLibraries(logging.Filter):
+  """Console: our progress and metrics at INFO; libraries (orbax, jax) only at WARNING and up."""
+
+  def filter(self, record):
+    return record.levelno >= logging.WARNING or "/oapl_jax/" in record.pathname or "/clu/" in record.pathname
+
+
+def console_logging() -> None:
+  """absl's log lines (progress, ETA, metrics) on stderr at INFO, libraries at WARNING."""
+  from absl import flags, logging as absl_logging  # pylint: disable=import-outside-toplevel
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()  # absl's flags are not ours to parse: argparse reads the command line
+  absl_logging.use_absl_handler()
+  absl_logging.set_verbosity("info")
+  absl_logging.set_stderrthreshold("info")
+  absl_logging.get_absl_handler().addFilter(_QuietLibraries())
+
+
+def run(main, argv: Optional[Sequence[str]] = None) -> None:
+  """Exit with main's code; a config or data error is one message (every problem listed), not a traceback."""
+  from oapl_jax.sections import ConfigError  # pylint: disable=import-outside-toplevel
+  from oapl_jax.tasks.sources import DataError  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run_dir import ConfigChanged  # pylint: disable=import-outside-toplevel
+  try:
+    code = main(argv)
+  except (ConfigError, DataError, ConfigChanged) as e:
+    print(f"error: {e}", file=sys.stderr)
+    code = 2
+  raise SystemExit(code)
