@@ -707,10 +707,11 @@ def adversarial_table() -> str:
       contained = "; ".join(problems) or "yes"
       rows.append(f"| {case} | {mode} ({isolation}) | {result.reason} | {contained} | {reward:g} | {seconds:.2f} "
                   f"| {limits.wall_s:g} | {notes} |")
+  root = os.path.dirname(os.path.dirname(REPO_FILE))
   head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                        cwd=os.path.dirname(REPO_FILE)).stdout.strip()
+                        cwd=root).stdout.strip()
   dirty = subprocess.run(["git", "status", "--porcelain", "--", "oapl_jax/tasks", "tests/tasks_sandbox_test.py"],
-                         capture_output=True, text=True, cwd=os.path.dirname(REPO_FILE)).stdout.strip()
+                         capture_output=True, text=True, cwd=root).stdout.strip()
   return "\n".join([
       "# The sandbox's adversarial set",
       "",
@@ -722,7 +723,8 @@ def adversarial_table() -> str:
       "Each case runs twice per mode. Directly in the sandbox: *outcome* is its RunResult.reason, *contained*",
       "says whether the reason was the expected one, the launcher ended it by its wall limit (no backstop),",
       "no process it started was left, and its own check held (the /proc and ptrace cases: every attempt",
-      "refused; the size snoop: found nothing), *seconds* is the run's wall time against its *limit*.",
+      "refused; the size snoop: found nothing), *seconds* is the run's wall time against its *limit*",
+      "(seconds include the launcher's interpreter start-up, which the limit does not, and the teardown).",
       "Then as the response of a code reward (the harness forks it per test, timeout_s = 1) to a record",
       "whose expected output is a fresh random secret (`memory_expected_sizes`: a record with a YES and a",
       "NO test): *reward* must be 0. *notes*: what the program reported trying (stderr).",
