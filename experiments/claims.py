@@ -55,7 +55,8 @@ def tuning_grid(task: str) -> dict:
 
 PASS_KS = (1, 2, 4, 5, 8, 10, 16, 32, 64)
 FINAL_EVAL = "final_eval.json"
-CONFIG_FILE = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "claims.py")
+# experiments/ sits beside configs/ at the repository root (neither is installed with the package)
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "claims.py")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +128,7 @@ def main_cells(study: Study, best_point: dict[str, int]) -> list[Cell]:
 
 
 def run_dir_name(study: Study, cell: Cell) -> str:
-  from oapl_jax import sweep  # pylint: disable=import-outside-toplevel
+  from oapl_jax.apps import sweep  # pylint: disable=import-outside-toplevel
   every = [c.overrides(study) for c in _all_cells(study)]
   names = dict(zip(map(_key, every), sweep.run_names(every)))
   return names[_key(cell.overrides(study))]

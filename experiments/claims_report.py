@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from oapl_jax import sweep
+from oapl_jax.apps import sweep
 from experiments import claims
 
 CURVE_KEY = "eval/val/pass@1"
