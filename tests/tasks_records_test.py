@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from oapl_jax import config_base, sections
-from oapl_jax.run import check
-from oapl_jax.tasks import factory, records_task, rewards, sources
+from oapl_jax.run import assemble, check, schema
+from oapl_jax.tasks import base, factory, records_task, rewards, sources
 from oapl_jax.tasks.char_tokenizer import EOS
 
 ROWS = [{"prompt": "rev:abc=", "word": "abc", "meta": {"level": 1}},
@@ -158,3 +158,27 @@ def test_the_readme_own_task_block_is_configs_own_task():
   namespace: dict = {}
   exec(block, namespace)  # pylint: disable=exec-used
   assert namespace["get_config"]().to_dict() == own_task.get_config().to_dict()
+
+
+def test_a_reward_that_raises_is_found_before_compute_with_one_traceback(data, caplog):
+  """Issue 27.6: the reward is called once on a probe (a demonstration) when the task is built, before any
+  model; the error carries the first traceback, once."""
+  from configs import own_task  # pylint: disable=import-outside-toplevel
+  (data / "broken_rewards.py").write_text("def score(record, response):\n  return record['no_such_field']\n")
+  cfg = own_task.get_config("smoke")
+  cfg.task = _config(data, reward="broken_rewards:score")
+  cfg.warmstart.batch_size = 1  # the fixture has one demonstration
+  with pytest.raises(base.RewardError) as info:
+    assemble.build_task(schema.from_config(cfg))
+  message = str(info.value)
+  assert "the reward failed on a probe before training" in message and "response 'cba<eos>'" in message
+  assert message.count("Traceback (most recent call last)") == 1 and "KeyError: 'no_such_field'" in message
+
+
+def test_an_item_reward_logs_one_traceback_however_many_items_fail(caplog):
+  reward = rewards.ItemReward(lambda c, a: 1 / 0)
+  with caplog.at_level("WARNING"):
+    result = reward(["x"] * 5, ["y"] * 5)
+  assert result.num_failed == 5 and len(caplog.records) == 5
+  assert sum(bool(r.exc_info) for r in caplog.records) == 1  # the first, with its traceback
+  assert all("ZeroDivisionError" in r.getMessage() for r in caplog.records)

@@ -41,13 +41,16 @@ def placement(rc: RunConfig, devices: Optional[Sequence[Any]] = None) -> paralle
 
 
 def build_task(rc: RunConfig, vocab_size: Optional[int] = None) -> Task:
-  """The task with every set checked against the run's prompt budget, policy and warm start."""
+  """The task with every set checked against the run's prompt budget, policy and warm start, and its reward
+  called once on a probe response (tasks/base.Task.probe_reward), all before any model is built."""
   demands = Demands(max_prompt_tokens=rc.sampler.max_prefill_length, policy=rc.validation,
                     warmstart_steps=rc.warmstart.steps, warmstart_batch=rc.warmstart.batch_size, seed=rc.seed,
                     vocab_size=vocab_size)
   task = task_factory.build_task(rc.task)
   try:
-    return validate_task(task, demands, task_settings=rc.task)[0]
+    task = validate_task(task, demands, task_settings=rc.task)[0]
+    task.probe_reward()
+    return task
   except Exception:
     task.close()
     raise

@@ -10,6 +10,8 @@ first eos (kept, so a task whose tokenizer renders it can insist that the model 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import traceback
 from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -54,6 +56,25 @@ class Demonstration:
   completion_tokens: tuple[int, ...]
 
 
+class RewardError(RuntimeError):
+  """The task's reward fails on a probe response, before any compute."""
+
+
+class _FirstError(logging.Handler):
+  """Keeps the first logged failure (its traceback when one was logged)."""
+
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.first = None
+
+  def emit(self, record):
+    if self.first is None:
+      text = record.getMessage()
+      if record.exc_info:
+        text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+      self.first = text
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
   """Everything the loop needs of a task, and nothing it must know about it: training prompts,
@@ -85,6 +106,26 @@ class Task:
     completions = [response_tokens_PxGxN[p, g, :lengths_PxG[p, g]] for p in range(P) for g in range(G)]
     result = self.reward(completions, [problems[p] for p in range(P) for _ in range(G)])
     return result.rewards.reshape(P, G), result
+
+  def probe_reward(self) -> RewardResult:
+    """Scores one response before any compute: a demonstration's completion (else the first problem's gold
+    answer as the response) for the first training problem. A reward that fails on it raises RewardError
+    once, with the first traceback, instead of failing every item of the run later."""
+    problem = self.train[0]
+    tokens = self.demonstrations(0)[0].completion_tokens if self.demonstrations is not None else \
+        self.tokenizer.encode(problem.answer)
+    catcher = _FirstError()
+    logger = logging.getLogger("oapl_jax.tasks")
+    logger.addHandler(catcher)
+    try:
+      result = self.reward([tokens], [problem])
+    finally:
+      logger.removeHandler(catcher)
+    if result.num_failed:
+      raise RewardError(f"task {self.name!r}: the reward failed on a probe before training (problem "
+                        f"{problem.prompt!r}, response {self.completion_text(tokens)!r}); fix it before "
+                        f"training:\n{catcher.first or '(no traceback was logged)'}")
+    return result
 
   def close(self) -> None:
     """Release what the reward holds (worker processes, sandboxes)."""

@@ -71,6 +71,7 @@ class ItemReward:
 
   def __init__(self, score_fn: ScoreFn):
     self.score_fn = score_fn
+    self._traced = False  # a traceback was logged
 
   def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
     rewards = np.zeros(len(completions), np.float32)
@@ -78,8 +79,11 @@ class ItemReward:
     for i, (c, a) in enumerate(zip(completions, answers, strict=True)):
       try:
         rewards[i] = _as_reward(self.score_fn(c, a))
-      except Exception:  # pylint: disable=broad-except
-        log.warning("reward %r failed on item %d", self.score_fn, i, exc_info=True)
+      except Exception as e:  # pylint: disable=broad-except
+        # the first failure with its traceback, later ones in a line each (not a traceback per item)
+        log.warning("reward %r failed on item %d: %s: %s", self.score_fn, i, type(e).__name__, e,
+                    exc_info=not self._traced)
+        self._traced = True
         failed += 1
     return RewardResult(rewards, num_failed=failed)
 
