@@ -79,9 +79,10 @@ def run(main, argv: Optional[Sequence[str]] = None) -> None:
   from oapl_jax.sections import ConfigError  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.sources import DataError  # pylint: disable=import-outside-toplevel
   from oapl_jax.run_dir import ConfigChanged  # pylint: disable=import-outside-toplevel
+  from oapl_jax.tasks.base import RewardError  # pylint: disable=import-outside-toplevel
   try:
     code = main(argv)
-  except (ConfigError, DataError, ConfigChanged) as e:
+  except (ConfigError, DataError, ConfigChanged, RewardError) as e:
     print(f"error: {e}", file=sys.stderr)
     code = 2
   raise SystemExit(code)
