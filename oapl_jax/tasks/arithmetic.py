@@ -110,19 +110,11 @@ def make_task(num_train: int = 2048, num_held_out: int = 256, *, seed: int = 0,
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithmeticSettings:
-  """task.name='arithmetic'. teacher_slip_rate: the fraction of warm-start demonstrations whose last digit is
-  off by one."""
+class ArithmeticSettings(synthetic_draw.SyntheticSettings):
+  """task.name='arithmetic' (a slipped demonstration's last digit is off by one)."""
   name: str = "arithmetic"
   num_digits: int = sections.rule(2, low=1)
   operations: tuple[str, ...] = sections.rule(("+",), choices=tuple(OPERATIONS), nonempty=True)
-  num_train: int = sections.rule(4096, low=1)
-  num_held_out: int = sections.rule(256, low=1)
-  seed: int = sections.rule(0, low=0)
-  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
-
-  def __post_init__(self):
-    sections.enforce(self)
 
 
 def from_config(cfg: ArithmeticSettings) -> base.Task:

@@ -126,18 +126,11 @@ def make_task(num_train: int = 4096, num_held_out: int = 256, *, seed: int = 0, 
 
 
 @dataclasses.dataclass(frozen=True)
-class ChainSettings:
+class ChainSettings(synthetic_draw.SyntheticSettings):
   """task.name='chain'."""
   name: str = "chain"
   num_terms: int = sections.rule(7, low=2)
   num_digits: int = sections.rule(2, low=1)
-  num_train: int = sections.rule(4096, low=1)
-  num_held_out: int = sections.rule(256, low=1)
-  seed: int = sections.rule(0, low=0)
-  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
-
-  def __post_init__(self):
-    sections.enforce(self)
 
 
 def from_config(cfg: ChainSettings) -> base.Task:

@@ -1,10 +1,26 @@
 """Deterministic draws of distinct synthetic problems for a split (arithmetic, chain, code_synthetic)."""
+import dataclasses
 from typing import Callable, Hashable, TypeVar
 
 import numpy as np
 
+from oapl_jax import sections
+
 SPLITS = ("train", "held_out")
 Key = TypeVar("Key", bound=Hashable)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSettings:
+  """The fields every synthetic task's section has: split sizes, the draw's seed, and the warm-start
+  teacher's slip rate (the fraction of demonstrations it gets wrong)."""
+  num_train: int = sections.rule(4096, low=1)
+  num_held_out: int = sections.rule(256, low=1)
+  seed: int = sections.rule(0, low=0)
+  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
+
+  def __post_init__(self):
+    sections.enforce(self)
 
 
 def check_split(split: str) -> None:
