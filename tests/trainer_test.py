@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -182,3 +183,21 @@ def test_blockwise_attention_trains_like_the_reference_path():
   for step, (a, b) in enumerate(zip(ref, blockwise)):
     for name in ("loss", "grad_norm", "entropy"):
       np.testing.assert_allclose(b[name], a[name], rtol=1e-5, err_msg=f"step {step} {name}")
+
+
+def test_a_finite_blow_up_is_skipped_like_a_non_finite_update():
+  """Issue 27.3: at lr 1e30 AdamW's first update is finite (~1e30 per weight) but would poison every later
+  checkpoint; its norm is far beyond the params' own, so the step keeps the old state (update_skipped)."""
+  mesh, params = _one_device_mesh(), _params()
+  batch = _batch(2, 2, 12, seed=3)
+  for lr in (1e30, 1e15):  # the update's norm overflows float32 / stays finite: skipped either way
+    blown = dataclasses.replace(TRAIN, optim=OptimConfig(lr=lr))
+    state, (metrics,) = _run(blown, CONFIG, params, mesh, [batch])
+    assert metrics["update_norm"] > 1e10 * metrics["param_norm"] and metrics["update_skipped"] == 1.0
+    _assert_trees_close(jax.device_get(state.params), jax.device_get(params), atol=0)  # untouched
+  sane = dataclasses.replace(TRAIN, optim=OptimConfig(lr=1e-3))
+  state, (metrics,) = _run(sane, CONFIG, params, mesh, [batch])
+  assert metrics["update_skipped"] == 0.0 and 0 < metrics["update_norm"] < 0.1 * metrics["param_norm"]
+  off = dataclasses.replace(blown, max_update_ratio=0.0)  # the guard off: the blow-up lands
+  state, (metrics,) = _run(off, CONFIG, params, mesh, [batch])
+  assert metrics["update_skipped"] == 0.0 and float(optax.tree.norm(state.params)) > 1e10

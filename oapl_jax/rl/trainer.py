@@ -58,6 +58,9 @@ class TrainConfig:
   loss_settings: Any = sections.rule(default_factory=objectives.OAPLSettings, convert=_loss_settings)
   optim: OptimConfig = OptimConfig()
   micro_batches: int = sections.rule(1, low=1)  # gradient accumulation: the batch is split along B into this many
+  # an update whose norm exceeds this times the params' norm is a blow-up, skipped like a non-finite one
+  # (lr 1e30 gives a finite update of ~1e30 per weight); 0 = off. Sane AdamW steps are ~1e-3 .. 1e-1 of it.
+  max_update_ratio: float = sections.rule(1.0, low=0)
   # the sampler's temperature (set from the sampler section); policy log-probs use logits / temperature
   temperature: float = sections.rule(1.0, low=0, low_open=True, internal=True)
 
@@ -212,12 +215,13 @@ def _grads_and_metrics(grad_fn, params, batch: Batch, micro_batches: int):
 def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_prompts: Optional[int] = None):
   """The train step, jitted once with explicit shardings; the state argument is donated.
 
-  A step whose loss, gradients or updated parameters are not all finite leaves params and
-  optimizer state as they were (update_skipped = 1): a diverged update never reaches the state, so
-  no checkpoint can hold it. The step counter still advances.
+  A step whose loss, gradients or updated parameters are not all finite, or whose update norm exceeds
+  config.max_update_ratio times the params' norm (a finite blow-up), leaves params and optimizer state as
+  they were (update_skipped = 1): a diverged update never reaches the state, so no checkpoint can hold
+  it. The step counter still advances.
 
   Metrics (replicated scalars): loss and the loss's own metrics, grad_norm (before clipping),
-  learning_rate (used for this update), update_skipped, tokens (response tokens), entropy (mean per
+  update_norm and param_norm (before the update), learning_rate (used for this update), update_skipped, tokens (response tokens), entropy (mean per
   response token), token_/seq_log_ratio_[abs_]mean (policy - sampler log-probs over response tokens /
   sequences). Losses' own metrics are means over micro-batches; the rest are exact.
   """
@@ -232,10 +236,13 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
       grads, metrics = _grads_and_metrics(grad_fn, state.params, batch, config.micro_batches)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    update_norm, param_norm = optax.tree.norm(updates), optax.tree.norm(state.params)
     finite = _all_finite((metrics["loss"], grads, params))
+    if config.max_update_ratio > 0:
+      finite &= update_norm <= config.max_update_ratio * param_norm
     keep_if_finite = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-    metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
-                   update_skipped=1.0 - finite.astype(jnp.float32))
+    metrics.update(grad_norm=optax.tree.norm(grads), update_norm=update_norm, param_norm=param_norm,
+                   learning_rate=schedule(state.step), update_skipped=1.0 - finite.astype(jnp.float32))
     return TrainState(step=state.step + 1, params=keep_if_finite(params, state.params),
                       opt_state=keep_if_finite(opt_state, state.opt_state)), metrics
 
