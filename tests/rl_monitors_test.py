@@ -68,3 +68,18 @@ def test_reward_failures_warn_then_stop(caplog):
   assert "chunk 1: 8 of 16 rewards failed" in caplog.text
   with pytest.raises(RuntimeError, match="chunk 2: 9 of 16 rewards failed"):
     check_reward_failures(9, 16, config, "chunk 2")
+
+
+def _explosions(losses, factor=1e4):
+  monitor = HealthMonitor(MonitorConfig(loss_explosion_factor=factor))
+  for step, loss in enumerate(losses):
+    monitor.observe(step, {"loss": loss}, None)
+  return monitor.summary().get("health/loss_explosion", 0)
+
+
+def test_a_signed_loss_around_zero_is_no_explosion_but_a_jump_is():
+  grpo_like = [-0.02, 0.03, -0.01, 0.0, 0.025, -0.015, 0.0, 0.0, 0.03, -0.02, 0.01, 0.0, 0.0, 0.0, 0.03, -0.02]
+  assert _explosions(grpo_like) == 0  # a negative median, zeros (no-signal steps) and sign flips are no jump
+  assert _explosions(grpo_like + [1e3]) == 1
+  assert _explosions([0.01, 0.012, 0.009, 0.011, 0.01, 0.01, 1e3]) == 1  # a positive (squared) loss jumps too
+  assert _explosions([0.01, 0.012, 0.009, 0.011, 0.01, 0.01, 50.0]) == 0  # 5000x: under the default 1e4x

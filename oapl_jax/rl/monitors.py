@@ -2,7 +2,9 @@
 
   skipped updates   the train step refuses a non-finite loss, gradient or update (trainer.py); a run
                     of `max_skipped_updates` in a row stops the run (DivergenceError).
-  loss explosion    a loss `loss_explosion_factor` times the median of the recent ones (warning).
+  loss explosion    a loss whose magnitude is `loss_explosion_factor` times the median magnitude of the
+                    recent nonzero ones (warning). Magnitudes, so a signed loss around 0 (GRPO's) is judged
+                    by its scale, not its sign; zeros (steps with no signal) carry no scale.
   entropy collapse  mean token entropy below `entropy_floor`: a (nearly) deterministic policy (warning).
   no signal         every group had equal rewards (zero advantage everywhere) for
                     `no_signal_steps` steps in a row: the run trains on nothing (warning).
@@ -57,7 +59,7 @@ class HealthMonitor:
     self.counts: collections.Counter = collections.Counter()
     self._skipped_in_a_row = 0
     self._no_signal_in_a_row = 0
-    self._recent_losses: collections.deque = collections.deque(maxlen=20)
+    self._recent_magnitudes: collections.deque = collections.deque(maxlen=20)  # of nonzero finite losses
     self._warned_this_window: set[str] = set()
 
   @property
@@ -85,13 +87,13 @@ class HealthMonitor:
             f"holds a non-finite update. Try a larger beta2 or a lower learning rate.")
       return
     self._skipped_in_a_row = 0
-    if len(self._recent_losses) >= 5:
-      median = sorted(self._recent_losses)[len(self._recent_losses) // 2]
-      if loss > c.loss_explosion_factor * max(median, 1e-12) and loss > 1e-6:
+    if len(self._recent_magnitudes) >= 5:
+      median = sorted(self._recent_magnitudes)[len(self._recent_magnitudes) // 2]
+      if abs(loss) > c.loss_explosion_factor * median and abs(loss) > 1e-6:
         self._warn("loss_explosion", f"trainer step {step}: loss {loss:.3g} is over {c.loss_explosion_factor:g}x the "
-                                     f"recent median {median:.3g}: the run may be diverging")
-    if math.isfinite(loss):
-      self._recent_losses.append(loss)
+                                     f"recent median magnitude {median:.3g}: the run may be diverging")
+    if math.isfinite(loss) and loss != 0:
+      self._recent_magnitudes.append(abs(loss))
     if "entropy" in metrics and float(metrics["entropy"]) < c.entropy_floor:
       self._warn("entropy_collapse", f"trainer step {step}: token entropy {float(metrics['entropy']):.2e} is below "
                                      f"{c.entropy_floor:g}: the policy has (nearly) collapsed to one answer")
