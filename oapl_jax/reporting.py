@@ -84,8 +84,8 @@ class Reporter:
     with open(self.history_path) as f:
       return [json.loads(line) for line in f if line.strip()]
 
-  def finish(self, summary: Mapping[str, object]) -> dict[str, str]:
-    """Writes learning_curve.png and summary.{json,md}; returns their paths."""
+  def finish(self, summary: Mapping[str, object], title: str = "OAPL run summary") -> dict[str, str]:
+    """Writes learning_curve.png and summary.{json,md} (headed `title`); returns their paths."""
     self.writer.flush()
     paths = {"tensorboard": self.workdir, "curve": os.path.join(self.workdir, "learning_curve.png"),
              "summary": os.path.join(self.workdir, "summary.md")}
@@ -95,7 +95,7 @@ class Reporter:
     with open(os.path.join(self.workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=2, default=float)
     with open(paths["summary"], "w") as f:
-      f.write("# OAPL run summary\n\n")
+      f.write(f"# {title}\n\n")
       for key, value in summary.items():
         f.write(f"- **{key}**: {value:.4g}\n" if isinstance(value, float) else f"- **{key}**: {value}\n")
     return paths

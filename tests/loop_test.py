@@ -3,14 +3,17 @@ with the same metrics, and a NaN stops the run with the last good checkpoint kep
 import json
 import os
 import shutil
+import types
 
 import numpy as np
 import pytest
 
 from configs import arithmetic
+from oapl_jax import reporting
 from oapl_jax.run import assemble
 from oapl_jax.rl import loop
 from oapl_jax.rl.buffer import RolloutBuffer
+from oapl_jax.rl.monitors import HealthMonitor, MonitorConfig
 
 
 def tiny_config(**loop_overrides):
@@ -93,3 +96,20 @@ def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path):
   with pytest.raises(FloatingPointError, match=r"loss became .* at trainer step \d+.*last good checkpoint \(step 5\)"):
     loop.train(assemble.setup(config, workdir, allow_config_changes=True))  # a changed resume must be allowed
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == checkpoints_before
+
+
+def _stopped_run(workdir, loss):
+  """What loop._finish reads of a run stopped after 1 of 3 windows (no final eval), with a real Reporter."""
+  ns = types.SimpleNamespace
+  return ns(cfg=ns(loop=ns(num_syncs=3), trainer=ns(loss=loss)), schedule=ns(first_step=lambda sync: 5 * sync),
+            meta=ns(syncs_done=1), sampler=ns(snapshot_version=1), monitor=HealthMonitor(MonitorConfig()),
+            reporter=reporting.Reporter(workdir, total_steps=15), checkpointer=ns(directory="checkpoints"))
+
+
+def test_the_summary_is_titled_with_the_runs_loss(tmp_path):
+  for loss in ("grpo", "oapl"):
+    run = _stopped_run(str(tmp_path / loss), loss)
+    loop._finish(run)  # pylint: disable=protected-access
+    run.reporter.close()
+    with open(tmp_path / loss / "summary.md") as f:
+      assert f.readline() == f"# {loss.upper()} run summary\n"

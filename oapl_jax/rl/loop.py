@@ -207,6 +207,6 @@ def _finish(run: Run) -> dict:
     for key in sorted(k for k in final if "pass@" in k or "reward_mean" in k):
       summary[f"{key} (start)"] = first.get(key, float("nan"))
       summary[f"{key} (end)"] = final[key]
-  paths = run.reporter.finish(summary)
+  paths = run.reporter.finish(summary, title=f"{run.cfg.trainer.loss.upper()} run summary")
   summary["paths"] = {**paths, "checkpoints": run.checkpointer.directory}
   return summary
