@@ -113,3 +113,20 @@ def test_the_summary_is_titled_with_the_runs_loss(tmp_path):
     run.reporter.close()
     with open(tmp_path / loss / "summary.md") as f:
       assert f.readline() == f"# {loss.upper()} run summary\n"
+
+
+def test_the_summary_counts_failed_rewards_over_the_kept_history(tmp_path):
+  def summary_json(run):
+    loop._finish(run)  # pylint: disable=protected-access
+    run.reporter.close()
+    with open(os.path.join(run.reporter.workdir, "summary.json")) as f:
+      return json.load(f)
+
+  run = _stopped_run(str(tmp_path / "none"), "oapl")
+  run.reporter.scalars(0, {"rollout/reward_mean": 0.5, "rollout/reward_failures": 0.0})
+  assert summary_json(run)["reward_failures"] == 0
+  run = _stopped_run(str(tmp_path / "some"), "oapl")
+  for step, failed in ((0, 2.0), (2, 0.0), (4, 3.0), (6, 7.0)):
+    run.reporter.scalars(step, {"rollout/reward_failures": failed, "train/loss": 0.1})
+  run.reporter.resume_from(5)  # a restart from step 5 re-runs (and will re-count) step 6's rollouts
+  assert summary_json(run)["reward_failures"] == 5

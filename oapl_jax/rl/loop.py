@@ -191,6 +191,12 @@ def _finish_step(run: Run, step: int, metrics, extra: dict, last_fetch: float) -
   run.reporter.scalars(step, scalars)
 
 
+def _reward_failures(history: list[dict]) -> int:
+  """Training rewards that raised, timed out or were not finite (scored 0), over the logged rollouts: from
+  metrics.jsonl, so a resumed run counts the earlier attempt's kept steps and never a re-run one twice."""
+  return int(sum(h.get("rollout/reward_failures", 0.0) for h in history))
+
+
 def _finish(run: Run) -> dict:
   """Final eval of the trained policy, then the PNG curve and summary."""
   done_steps = run.schedule.first_step(run.meta.syncs_done)
@@ -198,7 +204,8 @@ def _finish(run: Run) -> dict:
   if finished:
     run.sampler.refresh(run.state.params)
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
-                             "snapshot_version": run.sampler.snapshot_version, **run.monitor.summary()}
+                             "snapshot_version": run.sampler.snapshot_version, **run.monitor.summary(),
+                             "reward_failures": _reward_failures(run.reporter.history())}
   if finished:
     final = _evaluate(run, done_steps)
     run.reporter.scalars(done_steps, final)

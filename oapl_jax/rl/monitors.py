@@ -10,7 +10,8 @@
                     `no_signal_steps` steps in a row: the run trains on nothing (warning).
   reward failures   a reward that raises, times out or is not a finite number scores 0 and is counted
                     (tasks/rewards.Guarded); the rollout worker warns, and stops the run when more than
-                    `max_reward_failure_fraction` of a chunk failed (check_reward_failures).
+                    `max_reward_failure_fraction` of a chunk failed (check_reward_failures); the run's
+                    summary gives their total (`reward_failures`, rl/loop.py).
 
 Warnings go to the console once per kind and window, and to the summary with their counts.
 """
