@@ -100,7 +100,7 @@ def test_a_named_reward_compares_the_answer_field(tmp_path):
 def test_a_character_outside_the_vocabulary_names_the_file_and_record(tmp_path):
   (tmp_path / "t.jsonl").write_text(json.dumps({"prompt": "ok=", "answer": "1"}) + "\n"
                                     + json.dumps({"prompt": "caf\u00e9=", "answer": "1"}) + "\n")
-  with pytest.raises(sources.DataError, match=r"t\.jsonl record 1: character 'é'"):
+  with pytest.raises(sources.DataError, match=r"t\.jsonl record 2: character 'é'"):  # records count from 1
     factory.build_task(config_base.records_task(train_path=str(tmp_path / "t.jsonl"), eval_paths={}))
 
 
@@ -182,3 +182,25 @@ def test_an_item_reward_logs_one_traceback_however_many_items_fail(caplog):
   assert result.num_failed == 5 and len(caplog.records) == 5
   assert sum(bool(r.exc_info) for r in caplog.records) == 1  # the first, with its traceback
   assert all("ZeroDivisionError" in r.getMessage() for r in caplog.records)
+
+
+def test_a_bad_first_record_is_record_1_as_its_line_is_line_1(data):
+  """Issue 27.4: record numbers count from 1, like line numbers, wherever a bad record is named."""
+  from configs import own_task  # pylint: disable=import-outside-toplevel
+  path = data / "t.jsonl"
+  path.write_text(json.dumps({"prompt": "caf\u00e9=", "word": "x"}) + "\n" + json.dumps(ROWS[0]) + "\n")
+  with pytest.raises(sources.DataError, match=r"t\.jsonl record 1: character 'é'"):
+    factory.build_task(_config(data, train_path=str(path)))
+  demos = data / "d.jsonl"
+  demos.write_text(json.dumps({"prompt": "rev:ab=", "completion": "b\u00e1"}) + "\n")
+  with pytest.raises(sources.DataError, match=r"d\.jsonl record 1: character 'á'"):
+    factory.build_task(_config(data, demonstrations_path=str(demos)))
+  path.write_text(json.dumps({"prompt": "rev:ab="}) + "\n" + json.dumps(ROWS[0]) + "\n")
+  with pytest.raises(sources.DataError, match=r"t\.jsonl line 1: missing key 'word'"):
+    factory.build_task(_config(data, train_path=str(path), reward="exact_match", answer_key="word"))
+  path.write_text(json.dumps({"prompt": "rev:" + "a" * 40 + "=", "word": "a"}) + "\n" + json.dumps(ROWS[0]) + "\n")
+  cfg = own_task.get_config("smoke")
+  cfg.task = _config(data, train_path=str(path))
+  cfg.sampler.max_prefill_length = 20
+  with pytest.raises(sources.DataError, match=r"t\.jsonl record 1 \(\d+ tokens\)"):  # the run's prompt checks
+    assemble.build_task(schema.from_config(cfg))

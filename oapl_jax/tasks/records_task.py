@@ -115,7 +115,7 @@ def from_config(cfg: RecordsSettings) -> base.Task:
       # A record reward reads the whole record, so it travels as the problem's answer (JSON).
       answer = json.dumps(r["record"]) if record_reward else r["answer"]
       out.append(base.Problem(prompt=r["problem"], answer=answer,
-                              prompt_tokens=_prompt_tokens(tokenizer, r["problem"], cfg, f"{spec} record {i}")))
+                              prompt_tokens=_prompt_tokens(tokenizer, r["problem"], cfg, f"{spec} record {i + 1}")))
     return out
 
   train = problems(cfg.train_path, "train_path", cfg.max_train)
@@ -129,7 +129,7 @@ def from_config(cfg: RecordsSettings) -> base.Task:
     spec = cfg.demonstrations_path
     demos = []
     for i, r in enumerate(sources.load_source(spec, "demonstrations_path", cfg.prompt_key, cfg.completion_key)):
-      where = f"{spec} record {i}"
+      where = f"{spec} record {i + 1}"  # counted from 1, as lines are
       completion = (*_encode(tokenizer, r["answer"], where), tokenizer.eos_id)
       demos.append(base.Demonstration(_prompt_tokens(tokenizer, r["problem"], cfg, where), completion))
     demonstrations = lambda seed: demos  # noqa: E731  (the warm start shuffles by its own seed)

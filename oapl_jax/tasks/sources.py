@@ -4,7 +4,8 @@ Each loader returns [{"problem": str, "answer": str}, ...] in file order (with `
 "record": the source record whole, as plain Python values, for rewards that read it; `answer_key=""` when
 there is no answer field), or, with
 `with_locations=True`, (records, locations) where locations[i] names where record i came from
-("train.jsonl line 7", "aime25.parquet row 3"). Numbers are turned into strings (an integral
+("train.jsonl line 7", "aime25.parquet row 3"; lines count from 1, Parquet rows and TFDS examples
+from 0 as pyarrow and tfds index them). Numbers are turned into strings (an integral
 float such as 204.0 into "204"). Every problem with a source is a `DataError` naming the file and
 the line (JSONL), row (Parquet) or example (TFDS): a file that is not valid UTF-8, a line that is
 not a JSON object, a missing, null, empty or non-text field, a file with no records.
