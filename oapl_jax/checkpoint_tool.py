@@ -1,23 +1,13 @@
 """A run's checkpoints and their health, without building the model.
 
-    python -m oapl_jax.checkpoint_tool list runs/demo           # a run dir or its checkpoints/ dir
-    python -m oapl_jax.checkpoint_tool list runs/demo --deep    # also read every array into host memory
+    table = rows(resolve("runs/demo"), deep=False)   # CLI: oapl-checkpoints list RUN_DIR [--deep] (apps/)
+    print(format_table(table))
 
 Health comes from the files alone (their sizes against the record taken at save, meta JSON,
 orbax's list of saved arrays; see checkpoints.py); --deep also checks every file's crc32 and
 restores each step's arrays to host numpy. Steps moved aside by a
 restore (damaged/) and interrupted saves (orbax tmp directories) are listed after the steps.
-Exit status: 0 when every committed step is healthy, 1 when one is damaged, 2 for a bad path.
 """
-import os
-
-if __name__ == "__main__":  # a listing must not take the accelerators a running job holds
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import argparse
-import sys
-from typing import Optional, Sequence
-
 import jax
 from etils import epath
 
@@ -28,7 +18,7 @@ META_FIELDS = ("syncs_done", "snapshot_version", "data_position", "seed")
 
 def resolve(path: str) -> epath.Path:
   """A run dir (holding checkpoints/) or a checkpoint dir; raises FileNotFoundError otherwise."""
-  given = epath.Path(path)
+  given = checkpoints.absolute(path)
   for candidate in (given / "checkpoints", given):
     steps, interrupted = checkpoints.step_dirs(candidate)
     if steps or interrupted or (candidate / checkpoints.DAMAGED_DIR).is_dir():
@@ -95,24 +85,3 @@ def format_table(table: list[dict]) -> str:
   widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(columns)]
   line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
   return "\n".join([line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells])
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m oapl_jax.checkpoint_tool", description=__doc__.splitlines()[0])
-  commands = parser.add_subparsers(dest="command", required=True)
-  listing = commands.add_parser("list", help="a table of the checkpoints with their health")
-  listing.add_argument("path", help="a run directory (with checkpoints/) or a checkpoint directory")
-  listing.add_argument("--deep", action="store_true", help="also check every file's crc32 and restore every step's arrays to host numpy")
-  args = parser.parse_args(argv)
-  try:
-    directory = resolve(args.path)
-  except FileNotFoundError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  table = rows(directory, deep=args.deep)
-  print(f"checkpoints in {directory}\n{format_table(table)}")
-  return 0 if all(row["ok"] for row in table) else 1
-
-
-if __name__ == "__main__":
-  sys.exit(main())

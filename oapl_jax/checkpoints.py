@@ -30,6 +30,7 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import re
 import sys
 import zlib
@@ -47,6 +48,13 @@ DAMAGED_DIR = "damaged"
 REASON_SUFFIX = ".reason.txt"  # damaged/<step>-<kind>.reason.txt: why it was moved aside
 TMP_MARK = ".orbax-checkpoint-tmp"  # orbax's suffix for a save in progress
 _META_FILE = "metadata"  # the file orbax's JsonSave writes in the meta/ item
+
+
+def absolute(path) -> epath.Path:
+  """A path as a user gives it (relative, or with ~) as the absolute path orbax requires; URLs
+  (gs://...) as they are. Every reader and writer of checkpoints goes through it."""
+  text = str(path)
+  return epath.Path(text if "://" in text else os.path.abspath(os.path.expanduser(text)))
 
 
 @dataclasses.dataclass
@@ -184,6 +192,7 @@ def check_files(step_dir: epath.Path, step: int, checksums: bool = False
                 ) -> tuple[Meta, dict[str, tuple[tuple[int, ...], str]]]:
   """(meta, saved array name -> (shape, dtype)), or raises DamagedCheckpoint. Without `checksums`
   no array data is read (cheap); with them every recorded file is read once."""
+  step_dir = absolute(step_dir)
   if not step_dir.is_dir():
     raise DamagedCheckpoint(step, "missing", f"{step_dir} does not exist")
   meta = read_meta(step_dir, step)
@@ -253,6 +262,7 @@ def _read_arrays(step: int, read: Callable[[], Any]) -> Any:
 def restore_to_host(step_dir: epath.Path, step: int) -> tuple[Any, Meta]:
   """Reads a step's arrays into host numpy without a model (the deep health check; the whole
   step is in host memory at once)."""
+  step_dir = absolute(step_dir)
   meta, _ = check_files(step_dir, step, checksums=True)
   tree = ocp.StandardCheckpointHandler().metadata(step_dir / "state").tree
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
@@ -265,7 +275,7 @@ def restore_to_host(step_dir: epath.Path, step: int) -> tuple[Any, Meta]:
 
 def step_dirs(directory: epath.Path) -> tuple[dict[int, epath.Path], list[epath.Path]]:
   """(step -> committed step directory, interrupted saves' tmp directories) of a checkpoint dir."""
-  steps, interrupted = {}, []
+  steps, interrupted, directory = {}, [], absolute(directory)
   for path in directory.iterdir() if directory.is_dir() else ():
     if TMP_MARK in path.name:
       interrupted.append(path)
@@ -281,7 +291,7 @@ class Checkpointer:
   def __init__(self, directory: str, max_to_keep: int = 3, checksums: bool = True):
     """`checksums`: crc32 every file once its save has committed (at the next save or close, on
     the caller's thread) and check them before a restore; each costs one read of the checkpoint."""
-    self.directory = str(epath.Path(directory).absolute())
+    self.directory = str(absolute(directory))
     self.checksums = checksums
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),

@@ -1,8 +1,6 @@
 """A Hugging Face directory from any checkpoint of a run.
 
-  oapl-export runs/demo /tmp/demo_hf                 # the newest checkpoint
-  oapl-export runs/demo /tmp/demo_hf --step 40       # a given one (oapl_jax.checkpoint_tool list runs/demo)
-  python -m oapl_jax.export RUN_DIR OUT_DIR [--step N] [--config FILE:ARG]
+  info = export("runs/demo", "/tmp/demo_hf", step=None)   # the newest checkpoint (CLI: oapl-export, apps/export.py)
 
 Writes the trained weights (safetensors), config.json with the eos/pad/bos ids of the run's tokenizer,
 generation_config.json (those ids and the run's eval sampling settings) and the tokenizer files of the
@@ -14,11 +12,9 @@ Only the params are read from the checkpoint (not the optimizer state), into hos
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
-import sys
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -28,7 +24,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from oapl_jax import checkpoints, run_dir
-from oapl_jax.run import files, schema
+from oapl_jax.run import schema
 from oapl_jax.models import api, factory, hf
 
 
@@ -61,6 +57,7 @@ def resolve_step(checkpoint_dir: str, step: Optional[int]) -> int:
 def read_params(run: str, step: Optional[int] = None, cfg=None) -> RunWeights:
   """Params of checkpoint `step` (default: the newest) of run directory `run`, checked against the
   run's model (names, shapes, dtypes) before any array is read."""
+  run = str(checkpoints.absolute(run))
   cfg = schema.from_config(cfg if cfg is not None else run_dir.load_config(run))
   model = model_of(cfg)
   directory = os.path.join(run, "checkpoints")
@@ -143,28 +140,3 @@ def export(run: str, out_dir: str, step: Optional[int] = None, cfg=None) -> dict
     with open(os.path.join(out_dir, "export_info.json"), "w") as f:
       json.dump(info, f, indent=2)
   return info
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="oapl-export", description=__doc__.split("\n")[0])
-  parser.add_argument("run_dir", help="a run directory (holds checkpoints/ and config.json)")
-  parser.add_argument("out_dir", help="the Hugging Face directory to write")
-  parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-  parser.add_argument("--config", default=None,
-                      help="FILE.py[:ARG]: the run's config, for run directories without config.json")
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  cfg = files.load(args.config) if args.config else None
-  info = export(args.run_dir, args.out_dir, args.step, cfg)
-  print(f"exported step {info['step']} ({info['syncs_done']} sync windows) of {info['run_dir']} to {args.out_dir}")
-  print(f"  token ids: {info['token_ids']}")
-  print(f"  tokenizer: {info['tokenizer']}")
-  return 0
-
-
-def run() -> None:
-  """Console script entry point (oapl-export)."""
-  sys.exit(main())
-
-
-if __name__ == "__main__":
-  run()

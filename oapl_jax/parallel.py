@@ -181,6 +181,8 @@ def transfer(tree, shardings):
   """
   leaves, treedef = jax.tree.flatten(tree)
   targets = treedef.flatten_up_to(shardings)
+  if not any(isinstance(x, jax.Array) for x in leaves):  # host arrays (a checkpoint read for serving or eval)
+    return jax.device_put(tree, shardings)
   if all(x.is_fully_addressable and s.is_fully_addressable or x.sharding.device_set == s.device_set
          for x, s in zip(leaves, targets)):
     return reshard(tree, shardings)

@@ -1,10 +1,7 @@
 """Serve a Qwen model over gRPC with JetStream's orchestrator and our SamplerEngine.
 
-    oapl-serve --checkpoint /ckpt/Qwen3-4B --port 9000 --slots 32          # an HF directory
-    oapl-serve --checkpoint runs/demo --port 9000                          # a run: its newest checkpoint
-    oapl-serve --checkpoint runs/demo --step 40                            # a run: checkpoint step 40
-    oapl-serve --checkpoint runs/demo --config configs/arithmetic.py       # a run without config.json
-    python -m oapl_jax.serve ...                                           # the same
+    engine = build_engine(args)          # args: apps/serve.py's flags (oapl-serve)
+    server = Server(engine, host="127.0.0.1", port=9000)
 
 Clients speak JetStream's `Orchestrator.Decode` (jetstream/core/proto/jetstream.proto): text when
 the model has tokenizer files, token ids (or text of ids) otherwise. Sampling settings are server
@@ -20,17 +17,13 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
-import sys
 import threading
-from typing import Optional, Sequence
+from typing import Optional
 
 import grpc
 import jax
-from ml_collections import ConfigDict
 
-from oapl_jax import export, parallel, run_dir
-from oapl_jax.run import files
+from oapl_jax import checkpoints, export, parallel
 from oapl_jax.sampler import jetstream_compat  # noqa: F401  (must precede jetstream.core)
 from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine, load_tokenizer
 from oapl_jax.sampler.settings import SamplingSettings
@@ -44,48 +37,16 @@ logging.getLogger().removeHandler(orchestrator.handler)
 logging.getLogger().setLevel(_root_level)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-  ap = argparse.ArgumentParser(prog="oapl-serve", description=__doc__.split("\n")[0])
-  ap.add_argument("--checkpoint", required=True,
-                  help="an HF Qwen2/2.5/3 directory (config.json + safetensors), or a run directory (one of its "
-                       "checkpoints, see --step)")
-  ap.add_argument("--step", type=int, default=None, help="run directories: the checkpoint step (default: the newest)")
-  ap.add_argument("--config", default=None,
-                  help="run directories: the config file the run was started with (configs/X.py[:arg]); "
-                       "default: the one it recorded (RUN_DIR/config.json)")
-  ap.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 or :: for every interface)")
-  ap.add_argument("--port", type=int, default=9000, help="0 picks a free port (printed at start)")
-  ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-  ap.add_argument("--slots", type=int, default=8, help="concurrent decodes")
-  ap.add_argument("--max_prefill_length", type=int, default=1024,
-                  help="the longest prompt in tokens, a power of two >= 16; longer prompts are refused")
-  ap.add_argument("--max_decode_length", type=int, default=1024, help="the largest max_tokens a request may ask for")
-  ap.add_argument("--tensor_parallel", type=int, default=1, help="devices per model replica (mesh 'tensor' axis)")
-  ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-  ap.add_argument("--top_p", type=float, default=1.0)
-  ap.add_argument("--top_k", type=int, default=0)
-  ap.add_argument("--stop_tokens", type=int, nargs="*", default=None, help="default: the tokenizer's EOS")
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--log_level", default="WARNING", help="the orchestrator logs every step at INFO")
-  return ap.parse_args(argv)
-
-
 # ------------------------------------------------------------------------------ the engine
 def is_run_dir(path: str) -> bool:
   return os.path.isdir(os.path.join(path, "checkpoints"))
 
 
-def run_config(run: str, config_file: Optional[str] = None) -> ConfigDict:
-  """The run's config: get_config(arg) of `config_file` ("configs/X.py[:arg]") if given, else the one
-  the run recorded (RUN_DIR/config.json)."""
-  return files.load(config_file) if config_file else run_dir.load_config(run)
-
-
-def _run_engine(args: argparse.Namespace, settings: SamplingSettings, **engine_kwargs) -> SamplerEngine:
-  """An engine over checkpoint --step (default: the newest) of a run directory. Text needs the HF
-  tokenizer files the run's prompts were encoded with; without them clients send ids, and a sample
-  stops at the run's EOS (unless --stop_tokens says otherwise)."""
-  cfg = run_config(args.checkpoint, args.config)
+def _run_engine(args: argparse.Namespace, cfg, settings: SamplingSettings, **engine_kwargs) -> SamplerEngine:
+  """An engine over checkpoint --step (default: the newest) of a run directory, with the run's config
+  (`cfg`; None: the one it recorded). Text needs the HF tokenizer files the run's prompts were encoded
+  with; without them clients send ids, and a sample stops at the run's EOS (unless --stop_tokens says
+  otherwise)."""
   weights = export.read_params(args.checkpoint, args.step, cfg)  # params only, no optimizer state
   cfg = weights.cfg  # typed (run/schema.RunConfig)
   source = export.tokenizer_source(cfg)
@@ -98,16 +59,18 @@ def _run_engine(args: argparse.Namespace, settings: SamplingSettings, **engine_k
   return SamplerEngine(model, params=weights.params, tokenizer=tokenizer, settings=settings, **engine_kwargs)
 
 
-def build_engine(args: argparse.Namespace) -> SamplerEngine:
+def build_engine(args: argparse.Namespace, cfg=None) -> SamplerEngine:
+  """The engine apps/serve.py's flags ask for; `cfg`: a run directory's config from --config (else recorded)."""
   devices = jax.devices()[:args.tensor_parallel]
   layout = parallel.Layout(parallel.make_mesh((1, 1, len(devices)), devices=devices))
   settings = SamplingSettings(max_new_tokens=args.max_decode_length, temperature=args.temperature,
                               top_p=args.top_p, top_k=args.top_k, stop_tokens=args.stop_tokens or ())
   common = dict(layout=layout, max_concurrent_decodes=args.slots, max_prefill_length=args.max_prefill_length,
                 seed=args.seed)
+  args.checkpoint = str(checkpoints.absolute(args.checkpoint))  # as the user typed it: relative, or with ~
   if is_run_dir(args.checkpoint):
-    return _run_engine(args, settings, **common)
-  if args.config or args.step is not None:
+    return _run_engine(args, cfg, settings, **common)
+  if cfg is not None or args.step is not None:
     raise ValueError(f"--config and --step are for run directories; {args.checkpoint} has no checkpoints/ directory")
   return SamplerEngine.from_checkpoint(args.checkpoint, dtype=args.dtype, settings=settings, **common)
 
@@ -196,32 +159,10 @@ class Server:
     self._thread.join()
 
 
-class _NoFalseTruncationWarning(logging.Filter):
+class NoFalseTruncationWarning(logging.Filter):
   """JetStream prepends its BOS sentinel to token prompts, so one of exactly max_prefill_length
   tokens is "longer than available" to it: it drops the sentinel (SamplerEngine.prefill would drop it
   anyway) and warns of a truncation that loses no prompt token. Longer prompts never get there."""
 
   def filter(self, record):
     return record.getMessage() != "Provided sequence longer than available."
-
-
-def run(argv: Optional[Sequence[str]] = None) -> None:
-  args = parse_args(argv)
-  logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  logging.getLogger().addFilter(_NoFalseTruncationWarning())
-  engine = build_engine(args)
-  server = Server(engine, host=args.host, port=args.port)
-  signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean stop on SIGTERM, as on Ctrl-C
-  print(f"oapl-serve: {args.checkpoint} on {server.address} ({engine.mesh.devices.size} device(s), {args.slots} "
-        f"slots, prompts up to {engine.max_prefill_length} tokens, max_tokens up to {engine.max_decode_length})",
-        flush=True)
-  try:
-    server.wait_for_termination()
-  except KeyboardInterrupt:
-    pass
-  finally:
-    server.stop()
-
-
-if __name__ == "__main__":
-  run()

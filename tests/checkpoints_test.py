@@ -21,7 +21,9 @@ import pytest
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from oapl_jax import checkpoint_tool, checkpoints
+from oapl_jax import checkpoints
+from oapl_jax.apps import checkpoints as checkpoints_app
+from oapl_jax.apps import cli
 from oapl_jax.rl.trainer import TrainState
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -249,7 +251,7 @@ def test_kill_during_save_leaves_a_restorable_directory(tmp_path, caplog):
 
 
 def _list(capsys, path, *flags):
-  code = checkpoint_tool.main(["list", str(path), *flags])
+  code = checkpoints_app.main(["list", str(path), *flags])
   return code, capsys.readouterr().out
 
 
@@ -289,5 +291,6 @@ def test_list_tool_on_healthy_and_damaged_runs(saved_run, tmp_path, capsys):
 
 
 def test_list_tool_rejects_a_path_without_checkpoints(tmp_path, capsys):
-  code = checkpoint_tool.main(["list", str(tmp_path / "nothing")])
-  assert code == 2 and "holds no checkpoints" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as stop:
+    cli.run(checkpoints_app.main, ["list", str(tmp_path / "nothing")])
+  assert stop.value.code == 2 and "holds no checkpoints" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from oapl_jax import serve
+from oapl_jax.apps import serve as serve_app
 from oapl_jax.sampler import engine as engine_lib
 from oapl_jax.sampler import rollout
 from oapl_jax.sampler.settings import SamplingSettings
@@ -99,7 +100,7 @@ def test_jetstream_orchestrator_drives_engine(checkpoint, thread_errors):
   """JetStream's Driver + LLMOrchestrator.Decode (in-process, no port) return our greedy tokens."""
   path, _ = checkpoint
   stops = [100, 101, 102]
-  engine = serve.build_engine(serve.parse_args([
+  engine = serve.build_engine(*serve_app.parse([
       "--checkpoint", path, "--dtype", "float32", "--slots", "2", "--max_prefill_length", "16",
       "--max_decode_length", str(NEW), "--stop_tokens", *map(str, stops)]))
   assert engine.max_concurrent_decodes == 2 and list(engine.stop_tokens) == stops

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from oapl_jax import checkpoints, export, parallel, serve
+from oapl_jax.apps import serve as serve_app
 from oapl_jax import run_dir as run_dir_lib
 from oapl_jax.rl import trainer
 from oapl_jax.sampler import rollout
@@ -92,9 +93,9 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server_process(checkpoint, tmp_path_factory):
-  """`python -m oapl_jax.serve` on 127.0.0.1, a free port: (process, its stderr file), starting."""
+  """`python -m oapl_jax.apps.serve` on 127.0.0.1, a free port: (process, its stderr file), starting."""
   log = tmp_path_factory.mktemp("serve") / "stderr.log"
-  cmd = [sys.executable, "-m", "oapl_jax.serve", "--checkpoint", checkpoint, "--port", "0", "--dtype", "float32",
+  cmd = [sys.executable, "-m", "oapl_jax.apps.serve", "--checkpoint", checkpoint, "--port", "0", "--dtype", "float32",
          "--slots", str(SLOTS), "--max_prefill_length", str(PREFILL), "--max_decode_length", str(DECODE),
          "--stop_tokens", *map(str, STOPS)]
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # the server needs one device
@@ -197,7 +198,7 @@ def test_listens_on_loopback_only(server):
   local = _listening_address(proc.pid, int(address.rsplit(":", 1)[1]))
   # 127.0.0.1 as /proc writes it: 0100007F (IPv4) or ::ffff:127.0.0.1 (IPv4-mapped IPv6); never all zeros
   assert local in ("0100007F", "0000000000000000FFFF00000100007F"), local
-  assert serve.parse_args(["--checkpoint", "x"]).host == "127.0.0.1"
+  assert serve_app.parse(["--checkpoint", "x"])[0].host == "127.0.0.1"
 
 
 # ------------------------------------------------------------------------------ a run directory
@@ -230,9 +231,9 @@ def test_serves_a_run_directory(tmp_path):
   flags = ["--checkpoint", run_dir, "--dtype", "float32", "--slots", "4", "--max_prefill_length", "16",
            "--max_decode_length", "6"]
   with pytest.raises(FileNotFoundError, match="--config"):
-    serve.build_engine(serve.parse_args(flags))  # no config.json recorded and no --config
+    serve.build_engine(*serve_app.parse(flags))  # no config.json recorded and no --config
 
-  engine = serve.build_engine(serve.parse_args(flags + ["--config", os.path.join(REPO, "configs/arithmetic.py")]))
+  engine = serve.build_engine(*serve_app.parse(flags + ["--config", os.path.join(REPO, "configs/arithmetic.py")]))
   snapshot = engine.load_params()  # the newest step's params, cast and laid out for decoding
   _assert_trees_equal(snapshot, engine.sampler.prepare(states[20].params))
   with pytest.raises(AssertionError):  # the comparison can tell the two steps apart
@@ -242,7 +243,7 @@ def test_serves_a_run_directory(tmp_path):
     engine.check_prompt_ids([cfg.model.overrides["vocab_size"]])  # the run's vocabulary, not the HF default
 
   run_dir_lib.record_config(run_dir, cfg)  # as oapl_jax.main does at start
-  engine = serve.build_engine(serve.parse_args(flags + ["--step", "10"]))
+  engine = serve.build_engine(*serve_app.parse(flags + ["--step", "10"]))
   _assert_trees_equal(engine.load_params(), engine.sampler.prepare(states[10].params))
   with pytest.raises(ValueError, match="no checkpoint at step 30"):
-    serve.build_engine(serve.parse_args(flags + ["--step", "30"]))
+    serve.build_engine(*serve_app.parse(flags + ["--step", "30"]))

@@ -108,7 +108,7 @@ def test_report_takes_final_from_the_summary_and_best_from_the_history(tmp_path)
 def test_launcher_submits_each_run_through_a_launch_script(tmp_path, capfd, monkeypatch):
   monkeypatch.chdir(REPO)
   args = ["--config", "configs/arithmetic.py", "--workdir", str(tmp_path), "--launcher", "launch/slurm.sh",
-          "--launcher-args=--dry-run --nodes 1 --job-name oapl-{index}", "--", "--config.loop.num_syncs=2"]
+          "--launcher_args=--dry-run --nodes 1 --job-name oapl-{index}", "--", "--config.loop.num_syncs=2"]
   assert sweep.main(args) == 0
   out = capfd.readouterr().out
   runs = sweep.plan("configs/arithmetic.py", str(tmp_path))
@@ -169,13 +169,13 @@ def test_tiny_sweep_runs_reports_and_skips_finished_runs(tmp_path, monkeypatch, 
   assert "started" not in second and second.count("finished before, skipped") == 2, second
   assert mtimes == {n: os.path.getmtime(os.path.join(workdir, n, "metrics.jsonl")) for n in rows}
   assert _csv(os.path.join(workdir, "results.csv")) == list(rows.values())
-  # --print-commands on a finished sweep prints no command either.
-  assert sweep.main(args[:4] + ["--print-commands"]) == 0
+  # --print_commands on a finished sweep prints no command either.
+  assert sweep.main(args[:4] + ["--print_commands"]) == 0
   assert "-m oapl_jax.main" not in capsys.readouterr().out
 
 
 def test_print_commands_are_runnable_lines(tmp_path, capsys):
-  assert sweep.main(["--config", "configs/arithmetic.py", "--workdir", str(tmp_path), "--print-commands"]) == 0
+  assert sweep.main(["--config", "configs/arithmetic.py", "--workdir", str(tmp_path), "--print_commands"]) == 0
   lines = [shlex.split(line) for line in capsys.readouterr().out.splitlines() if "oapl_jax.main" in line]
   assert len(lines) == 9 and all(line[:3] == [sys.executable, "-m", "oapl_jax.main"] for line in lines)
   assert not os.listdir(tmp_path)  # printing creates nothing

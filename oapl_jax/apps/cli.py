@@ -75,14 +75,14 @@ def console_logging() -> None:
 
 
 def run(main, argv: Optional[Sequence[str]] = None) -> None:
-  """Exit with main's code; a config or data error is one message (every problem listed), not a traceback."""
+  """Exit with main's code; a bad path, config or data is one message (every problem listed), not a traceback."""
   from oapl_jax.sections import ConfigError  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.sources import DataError  # pylint: disable=import-outside-toplevel
   from oapl_jax.run_dir import ConfigChanged  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.base import RewardError  # pylint: disable=import-outside-toplevel
   try:
     code = main(argv)
-  except (ConfigError, DataError, ConfigChanged, RewardError) as e:
+  except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError) as e:
     print(f"error: {e}", file=sys.stderr)
     code = 2
   raise SystemExit(code)

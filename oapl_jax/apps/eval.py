@@ -1,7 +1,7 @@
 """pass@k of a run's checkpoint, or of a Hugging Face directory, on named evaluation sets.
 
   oapl-eval runs/demo                                   # the run's config and eval sets, newest checkpoint
-  oapl-eval runs/demo --step 40 --samples 16 --ks 1,4,16 --num-prompts 100
+  oapl-eval runs/demo --step 40 --samples 16 --ks 1,4,16 --num_prompts 100
   oapl-eval /tmp/demo_hf --config configs/arithmetic.py # an export (or any HF Qwen directory)
   oapl-eval /ckpt/Qwen3-4B --config configs/math.py --sets aime25=data/aime25.jsonl hmmt=data/hmmt25.parquet
 
@@ -11,17 +11,16 @@ tfds:NAME/SPLIT). Writes eval.json and eval.md into --out (default RUN_DIR/eval/
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import glob
 import json
 import os
-import sys
 import time
 from typing import Sequence
 
-from oapl_jax import evaluation, export, run_dir
-from oapl_jax.run import assemble, files, schema
+from oapl_jax import checkpoints, evaluation, export, run_dir
+from oapl_jax.apps import cli
+from oapl_jax.run import assemble, schema
 
 
 def _source_kind(path: str) -> str:
@@ -45,9 +44,10 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
   return sets
 
 
-def load_config(source: str, kind: str, config_spec: str | None):
-  if config_spec:
-    cfg = files.load(config_spec)
+def load_config(source: str, kind: str, cfg):
+  """`cfg` (the --config ConfigDict), else the run's recorded one; an HF source is its model checkpoint."""
+  if cfg is not None:
+    pass
   elif kind == "run":
     cfg = run_dir.load_config(source)
   else:
@@ -57,13 +57,14 @@ def load_config(source: str, kind: str, config_spec: str | None):
   return cfg
 
 
-def evaluate_source(source: str, *, config_spec: str | None = None, step: int | None = None,
+def evaluate_source(source: str, *, cfg=None, step: int | None = None,
                     sets: dict[str, str] | None = None, samples: int | None = None, ks: Sequence[int] | None = None,
                     num_prompts: int | None = None, seed: int | None = None, **sampling) -> dict:
   """pass@k (and the other evaluation.evaluate metrics) on every eval set; returns the report dict.
   `sampling`: overrides of the eval SamplingSettings (temperature, top_p, top_k, max_new_tokens)."""
+  source = str(checkpoints.absolute(source))
   kind = _source_kind(source)
-  cfg = load_config(source, kind, config_spec)
+  cfg = load_config(source, kind, cfg)
   if sets:
     if "eval_paths" not in cfg.task:
       raise ValueError(f"--sets: task {cfg.task.name!r} takes no eval_paths (its eval sets are built in); "
@@ -128,28 +129,28 @@ def _cell(value) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="oapl-eval", description=__doc__.split("\n")[0])
-  parser.add_argument("source", help="a run directory or a Hugging Face directory")
-  parser.add_argument("--config", help="FILE.py[:ARG] (required for an HF directory; default: RUN_DIR/config.json)")
-  parser.add_argument("--step", type=int, help="a run's checkpoint step (default: the newest)")
-  parser.add_argument("--sets", nargs="+", default=[], metavar="NAME=PATH", help="named eval sets (task.eval_paths)")
-  parser.add_argument("--samples", type=int, help="samples per prompt (default cfg.eval.samples)")
-  parser.add_argument("--ks", help="comma-separated k of pass@k (default cfg.eval.ks)")
-  parser.add_argument("--num-prompts", type=int, help="first N prompts of each set (default cfg.eval.num_prompts)")
-  parser.add_argument("--seed", type=int)
-  parser.add_argument("--temperature", type=float)
-  parser.add_argument("--top-p", type=float)
-  parser.add_argument("--top-k", type=int)
-  parser.add_argument("--max-new-tokens", type=int)
-  parser.add_argument("--out", help="report directory (default RUN_DIR/eval/step_N or HF_DIR/eval)")
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  p = cli.parser("oapl-eval", __doc__)
+  p.add_argument("source", help="a run directory or a Hugging Face directory")
+  cli.add_config(p)  # required for an HF directory; default: RUN_DIR/config.json
+  p.add_argument("--step", type=int, help="a run's checkpoint step (default: the newest)")
+  p.add_argument("--sets", nargs="+", default=[], metavar="NAME=PATH", help="named eval sets (task.eval_paths)")
+  p.add_argument("--samples", type=int, help="samples per prompt (default cfg.eval.samples)")
+  p.add_argument("--ks", help="comma-separated k of pass@k (default cfg.eval.ks)")
+  p.add_argument("--num_prompts", type=int, help="first N prompts of each set (default cfg.eval.num_prompts)")
+  p.add_argument("--seed", type=int)
+  p.add_argument("--temperature", type=float)
+  p.add_argument("--top_p", type=float)
+  p.add_argument("--top_k", type=int)
+  p.add_argument("--max_new_tokens", type=int)
+  p.add_argument("--out", help="report directory (default RUN_DIR/eval/step_N or HF_DIR/eval)")
+  args, cfg = cli.parse(p, argv)
   ks = tuple(int(k) for k in args.ks.split(",")) if args.ks else None
-  report = evaluate_source(args.source, config_spec=args.config, step=args.step, sets=_parse_sets(args.sets),
+  report = evaluate_source(args.source, cfg=cfg, step=args.step, sets=_parse_sets(args.sets),
                            samples=args.samples, ks=ks, num_prompts=args.num_prompts, seed=args.seed,
                            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                            max_new_tokens=args.max_new_tokens)
-  out = args.out or (os.path.join(args.source, "eval", f"step_{report['step']}") if report["kind"] == "run"
-                     else os.path.join(args.source, "eval"))
+  where = [f"step_{report['step']}"] if report["kind"] == "run" else []
+  out = os.path.expanduser(args.out) if args.out else os.path.join(report["source"], "eval", *where)
   paths = write_report(report, out)
   for name, values in report["sets"].items():
     passes = ", ".join(f"{k}={v:.4f}" for k, v in values.items() if k.startswith("pass@"))
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run() -> None:
   """Console script entry point (oapl-eval)."""
-  sys.exit(main())
+  cli.run(main)
 
 
 if __name__ == "__main__":

@@ -60,5 +60,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """Console script entry point."""
   cli.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,11 +1,11 @@
 """Run a config's `get_hyper` sweep: one run directory per point, then one results table and one plot.
 
   python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep [--parallel 3]
-  python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --print-commands
+  python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --print_commands
   python -m oapl_jax.apps.sweep --config configs/math.py --workdir /shared/sweep --launcher launch/slurm.sh \
-      --launcher-args="--nodes 2 --partition h100 --job-name oapl-{index}"
+      --launcher_args="--nodes 2 --partition h100 --job-name oapl-{index}"
   python -m oapl_jax.apps.sweep ... --collect          # only rebuild the table and the plot from what exists
-  python -m oapl_jax.apps.sweep ... -- --config.loop.num_syncs=2   # overrides for every run (not in the names)
+  python -m oapl_jax.apps.sweep ... --config.loop.num_syncs=2   # overrides for every run (not in the names)
 
 `get_hyper(h)` (in the config file, big_vision style) returns a list of override dicts built with
   h.sweep(key, values)  one point per value          h.fixed(key, value)  one point
@@ -18,7 +18,6 @@ At the end (local runs and --collect): WORKDIR/results.{csv,md} and WORKDIR/curv
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import csv
 import dataclasses
@@ -35,6 +34,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from oapl_jax.apps import cli
 from oapl_jax.run import files
 
 RUN_RECORD = "sweep_run.json"  # per run directory: status, return code, wall seconds summed over starts
@@ -325,23 +325,22 @@ def _plot_curves(path: str, runs: Sequence[PlannedRun]) -> None:
 
 
 def _parse(argv: Sequence[str]):
-  argv = list(argv)
-  extra = argv[argv.index("--") + 1:] if "--" in argv else []
-  argv = argv[:argv.index("--")] if "--" in argv else argv
-  parser = argparse.ArgumentParser(prog="oapl-sweep", description=__doc__.split("\n")[0])
-  parser.add_argument("--config", required=True, help="FILE.py[:ARG] defining get_config and get_hyper")
-  parser.add_argument("--workdir", required=True, help="one sub-directory per run, and the results")
-  parser.add_argument("--parallel", type=int, default=1, help="local runs at a time")
-  parser.add_argument("--print-commands", action="store_true", help="print one command per run; run nothing")
-  parser.add_argument("--launcher", help="a launch/*.sh script: submit each run through it")
-  parser.add_argument("--launcher-args", default="", help="the launcher's own flags, one string ({run}, {index})")
-  parser.add_argument("--collect", action="store_true", help="only write the table and plot from the run dirs")
-  args = parser.parse_args(argv)
+  """(flags, the --config.FIELD=VALUE overrides every run gets: given anywhere, or after '--')."""
+  argv = [a for a in argv if a != "--"]
+  p = cli.parser("oapl-sweep", __doc__)
+  p.add_argument("--config", required=True, help="FILE.py[:ARG] defining get_config and get_hyper")
+  p.add_argument("--workdir", required=True, help="one sub-directory per run, and the results")
+  p.add_argument("--parallel", type=int, default=1, help="local runs at a time")
+  p.add_argument("--print_commands", action="store_true", help="print one command per run; run nothing")
+  p.add_argument("--launcher", help="a launch/*.sh script: submit each run through it")
+  p.add_argument("--launcher_args", default="", help="the launcher's own flags, one string ({run}, {index})")
+  p.add_argument("--collect", action="store_true", help="only write the table and plot from the run dirs")
+  args, rest = p.parse_known_args(argv)
   if args.parallel < 1:
-    parser.error(f"--parallel must be >= 1, got {args.parallel}")
-  if bad := [a for a in extra if not a.startswith("--config.")]:
-    parser.error(f"after '--' only --config.FIELD=VALUE overrides are accepted, got {bad}")
-  return args, extra
+    p.error(f"--parallel must be >= 1, got {args.parallel}")
+  if bad := [a for a in rest if not a.startswith("--config.")]:
+    p.error(f"unrecognized arguments (only --config.FIELD=VALUE overrides are passed to the runs): {bad}")
+  return args, rest
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -373,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run() -> None:
   """Console script entry point (oapl-sweep)."""
-  sys.exit(main())
+  cli.run(main)
 
 
 if __name__ == "__main__":

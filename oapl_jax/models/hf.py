@@ -168,6 +168,7 @@ class _TensorIndex:
 
 
 def read_config(path: str, **overrides) -> QwenConfig:
+  path = os.path.expanduser(path)
   config_path = os.path.join(path, "config.json")
   if not os.path.isdir(path):
     raise CheckpointError(f"checkpoint directory {path} does not exist")
@@ -184,6 +185,7 @@ def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "floa
   dtype: parameter dtype; compute_dtype: activation dtype (defaults to dtype).
   mesh=None uses a one-device mesh. rules: logical axis rules (parallel.DEFAULT_RULES).
   """
+  path = os.path.expanduser(path)
   config = read_config(path, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides)
   mesh = mesh or parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   rules = rules or parallel.DEFAULT_RULES

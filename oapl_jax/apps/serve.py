@@ -1,0 +1,75 @@
+"""Serve a Qwen model over gRPC with JetStream's orchestrator and our SamplerEngine (oapl_jax/serve.py).
+
+  oapl-serve --checkpoint /ckpt/Qwen3-4B --port 9000 --slots 32          # an HF directory
+  oapl-serve --checkpoint runs/demo --port 9000                          # a run: its newest checkpoint
+  oapl-serve --checkpoint runs/demo --step 40                            # a run: checkpoint step 40
+  oapl-serve --checkpoint runs/demo --config configs/arithmetic.py       # a run without config.json
+
+Clients speak JetStream's `Orchestrator.Decode`; every request is checked before JetStream sees it
+(a bad one gets INVALID_ARGUMENT, for that client alone). Sampling settings are server flags.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from typing import Optional, Sequence
+
+from oapl_jax.apps import cli
+
+cli.skip_absent_tpu()
+
+from oapl_jax import serve  # noqa: E402
+
+
+def parse(argv: Optional[Sequence[str]] = None):
+  """(flags, the --config ConfigDict or None)."""
+  p = cli.parser("oapl-serve", __doc__)
+  p.add_argument("--checkpoint", required=True,
+                 help="an HF Qwen2/2.5/3 directory (config.json + safetensors), or a run directory (one of its "
+                      "checkpoints, see --step)")
+  p.add_argument("--step", type=int, default=None, help="run directories: the checkpoint step (default: the newest)")
+  cli.add_config(p)  # run directories: the config the run was started with (default: RUN_DIR/config.json)
+  p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 or :: for every interface)")
+  p.add_argument("--port", type=int, default=9000, help="0 picks a free port (printed at start)")
+  p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+  p.add_argument("--slots", type=int, default=8, help="concurrent decodes")
+  p.add_argument("--max_prefill_length", type=int, default=1024,
+                 help="the longest prompt in tokens, a power of two >= 16; longer prompts are refused")
+  p.add_argument("--max_decode_length", type=int, default=1024, help="the largest max_tokens a request may ask for")
+  p.add_argument("--tensor_parallel", type=int, default=1, help="devices per model replica (mesh 'tensor' axis)")
+  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  p.add_argument("--top_p", type=float, default=1.0)
+  p.add_argument("--top_k", type=int, default=0)
+  p.add_argument("--stop_tokens", type=int, nargs="*", default=None, help="default: the tokenizer's EOS")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--log_level", default="WARNING", help="the orchestrator logs every step at INFO")
+  return cli.parse(p, argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args, cfg = parse(argv)
+  logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.getLogger().addFilter(serve.NoFalseTruncationWarning())
+  engine = serve.build_engine(args, cfg)
+  server = serve.Server(engine, host=args.host, port=args.port)
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean stop on SIGTERM, as on Ctrl-C
+  print(f"oapl-serve: {args.checkpoint} on {server.address} ({engine.mesh.devices.size} device(s), {args.slots} "
+        f"slots, prompts up to {engine.max_prefill_length} tokens, max_tokens up to {engine.max_decode_length})",
+        flush=True)
+  try:
+    server.wait_for_termination()
+  except KeyboardInterrupt:
+    pass
+  finally:
+    server.stop()
+  return 0
+
+
+def run() -> None:
+  """Console script entry point (oapl-serve)."""
+  cli.run(main)
+
+
+if __name__ == "__main__":
+  run()

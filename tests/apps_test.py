@@ -1,0 +1,83 @@
+"""The command-line apps on a run directory given as a user types it: relative, or with ~ (issue 27.2),
+and oapl-serve at float32 on a run's (host numpy) params (issue 27.4). A healthy checkpoint is never
+called damaged, and every app reads the same params the run saved."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import arithmetic
+from oapl_jax import checkpoints, parallel, run_dir, serve
+from oapl_jax.apps import checkpoints as checkpoints_app
+from oapl_jax.apps import eval as eval_app
+from oapl_jax.apps import export as export_app
+from oapl_jax.apps import serve as serve_app
+from oapl_jax.models import hf
+from oapl_jax.rl import trainer
+from oapl_jax.run import assemble, schema
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+  """A run directory as loop.train leaves it: config.json and one checkpoint (step 2) of seeded params."""
+  root = tmp_path_factory.mktemp("apps")
+  cfg = arithmetic.get_config("smoke")
+  cfg.eval.update(num_prompts=2, samples=2, ks=(1, 2))
+  rc = schema.from_config(cfg)
+  layout = parallel.Layout.single_device()
+  model, params = assemble.build_model(rc, layout)
+  state = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
+  ckpt = checkpoints.Checkpointer(str(root / "run" / "checkpoints"))
+  ckpt.save(2, state, checkpoints.Meta(1, 1, 8, rc.seed))
+  ckpt.close()
+  run_dir.record_config(str(root / "run"), cfg)
+  return root, jax.device_get(state.params)
+
+
+@pytest.fixture(params=["relative", "home"])
+def run_path(request, saved_run, monkeypatch):
+  """The run directory spelled 'run' (from its parent) or '~/run' (HOME is its parent)."""
+  root, _ = saved_run
+  if request.param == "relative":
+    monkeypatch.chdir(root)
+    return "run"
+  monkeypatch.setenv("HOME", str(root))
+  monkeypatch.chdir("/")
+  return "~/run"
+
+
+def test_checkpoint_listing_calls_a_healthy_step_healthy(run_path, capsys):
+  assert checkpoints_app.main(["list", run_path, "--deep"]) == 0
+  out = capsys.readouterr().out
+  assert "DAMAGED" not in out and "absolute" not in out
+  assert out.splitlines()[3].split()[0] == "2"  # the one step, after the title, the header and its rule
+
+
+def test_export_writes_the_saved_params(run_path, saved_run, tmp_path):
+  _, params = saved_run
+  assert export_app.main([run_path, str(tmp_path / "hf")]) == 0
+  info = json.load(open(tmp_path / "hf" / "export_info.json"))
+  assert info["step"] == 2 and os.path.isabs(info["run_dir"])
+  _, loaded = hf.load(str(tmp_path / "hf"))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(loaded), params)
+
+
+def test_eval_reports_beside_the_run(run_path, saved_run):
+  root, _ = saved_run
+  assert eval_app.main([run_path, "--samples", "2", "--ks", "1,2"]) == 0
+  report = json.load(open(root / "run" / "eval" / "step_2" / "eval.json"))
+  assert report["step"] == 2 and report["sets"]["held_out"]["prompts"] == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_serve_builds_an_engine_on_the_saved_params(run_path, saved_run, dtype):
+  _, params = saved_run
+  engine = serve.build_engine(*serve_app.parse([
+      "--checkpoint", run_path, "--dtype", dtype, "--slots", "2", "--max_prefill_length", "16",
+      "--max_decode_length", "4"]))
+  snapshot = engine.load_params()
+  want = engine.sampler.prepare(jax.device_put(params))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(snapshot), jax.device_get(want))
+  assert all(x.dtype == np.dtype(dtype) for x in jax.tree.leaves(snapshot))
