@@ -29,8 +29,9 @@ def validate_problems(problems: Sequence[Problem], *, where: str, max_prompt_tok
   `where` names the set ("task.train_path /d/train.jsonl"); `locations[i]` where problem i came from
   ("/d/train.jsonl line 7"; default "<where> record i+1": records count from 1, as lines do). A prompt
   longer than `max_prompt_tokens` (sampler.max_prefill_length) is a DataError naming it, or with
-  on_oversized="skip" a counted, logged skip. Duplicates (same prompt tokens and answer) are counted and logged, then kept or dropped; a prompt
-  repeated with another answer is counted and logged (conflicting_answers) and kept.
+  on_oversized="skip" a counted, logged skip. Duplicates (same prompt tokens and answer) are counted and
+  logged, then kept or dropped; a prompt repeated with another answer is counted and logged
+  (conflicting_answers) and kept.
   An empty set, an empty prompt or a token id outside [0, vocab_size) is always a DataError."""
   if on_oversized not in ("error", "skip") or on_duplicates not in ("keep", "drop"):
     raise ValueError(f"on_oversized={on_oversized!r} (error|skip), on_duplicates={on_duplicates!r} (keep|drop)")
