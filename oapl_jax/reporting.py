@@ -1,6 +1,7 @@
 """Metrics out of a run: clu writers (TensorBoard + console), progress with ETA, a JSONL history,
 and at the end a PNG learning curve and a short summary. Only process 0 writes files."""
 import json
+import logging
 import os
 import time
 from typing import Mapping, Optional
@@ -16,14 +17,19 @@ class Reporter:
 
   The ETA counts only steady-state steps of this process (from the end of its first window, so
   neither warm start nor compilation skews it) and is right after a resume.
+
+  A workdir an earlier attempt logged to is continued (`resume_from`, before any write) or, when the run
+  starts afresh (no checkpoint), that attempt's metrics.jsonl and TensorBoard events are moved to
+  earlier-attempt-N/ at the first write, so no step is logged twice.
   """
 
   def __init__(self, workdir: str, total_steps: int):
     self.workdir = os.path.abspath(workdir)
     self.is_main = jax.process_index() == 0
     os.makedirs(self.workdir, exist_ok=True)
-    self.writer = metric_writers.SummaryWriter(self.workdir) if self.is_main else metric_writers.MultiWriter([])
     self.history_path = os.path.join(self.workdir, "metrics.jsonl")
+    self._earlier_attempt = self._logs() if self.is_main else []  # before the writer adds its events file
+    self.writer = metric_writers.SummaryWriter(self.workdir) if self.is_main else metric_writers.MultiWriter([])
     self._total = total_steps
     self._start = time.perf_counter()
     self._steady: Optional[tuple[float, int]] = None  # (time, step) at the end of this process's first window
@@ -33,6 +39,7 @@ class Reporter:
   def resume_from(self, step: int) -> None:
     """A resumed run re-runs steps >= `step`: drop them from metrics.jsonl and rebuild TensorBoard's
     events from what is kept, so no point is logged twice."""
+    self._earlier_attempt = []  # continued, not set aside
     if not self.is_main:
       return
     kept = [h for h in self.history() if h["step"] < step or any(k.startswith("warmstart/") for k in h)]
@@ -46,7 +53,23 @@ class Reporter:
     for h in kept:
       self.writer.write_scalars(h["step"], {k: v for k, v in h.items() if k != "step"})
 
+  def _logs(self) -> list[str]:
+    names = sorted(n for n in os.listdir(self.workdir) if n == "metrics.jsonl" or n.startswith("events.out.tfevents"))
+    return [os.path.join(self.workdir, n) for n in names]
+
+  def _set_aside_earlier_attempt(self) -> None:
+    n = 1
+    while os.path.exists(aside := os.path.join(self.workdir, f"earlier-attempt-{n}")):
+      n += 1
+    os.makedirs(aside)
+    for path in self._earlier_attempt:
+      os.replace(path, os.path.join(aside, os.path.basename(path)))
+    self._earlier_attempt = []
+    logging.warning("a fresh start in %s: the earlier attempt's metrics were moved to %s", self.workdir, aside)
+
   def scalars(self, step: int, metrics: Mapping[str, float]) -> None:
+    if self._earlier_attempt:
+      self._set_aside_earlier_attempt()
     metrics = {k: float(v) for k, v in metrics.items()}
     self.latest.update(metrics)
     self.writer.write_scalars(step, metrics)

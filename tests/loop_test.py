@@ -130,3 +130,37 @@ def test_the_summary_counts_failed_rewards_over_the_kept_history(tmp_path):
     run.reporter.scalars(step, {"rollout/reward_failures": failed, "train/loss": 0.1})
   run.reporter.resume_from(5)  # a restart from step 5 re-runs (and will re-count) step 6's rollouts
   assert summary_json(run)["reward_failures"] == 5
+
+
+def _tensorboard_points(directory):
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  return sorted((e.step, v.tag) for name in os.listdir(directory) if name.startswith("events.out.tfevents")
+                for e in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)) for v in e.summary.value)
+
+
+def test_a_restart_logs_every_step_once_with_or_without_a_checkpoint(tmp_path):
+  """Issue 27.5: an attempt killed before its first checkpoint is set aside when the run starts afresh; a
+  resume from step S keeps what was logged before S."""
+  def attempt(resume_at=None, loss=0.5):
+    reporter = reporting.Reporter(str(tmp_path), total_steps=10)
+    if resume_at is not None:
+      reporter.resume_from(resume_at)
+    else:
+      reporter.scalars(0, {"warmstart/loss": 2.0})
+    for step in range(resume_at or 0, 3):
+      reporter.scalars(step, {"sampler/refresh_seconds": 0.1, "train/loss": loss + step})
+    reporter.close()
+    return reporter.history()
+
+  killed = attempt()  # killed before a checkpoint: the restart (no checkpoint) warm-starts and logs step 0 again
+  fresh = attempt(loss=0.25)
+  logged = [(h["step"], k) for h in fresh for k in h if k != "step"]
+  assert sorted(logged) == sorted(set(logged)) and len(logged) == 7
+  assert [h["train/loss"] for h in fresh if "train/loss" in h] == [0.25, 1.25, 2.25]
+  assert _tensorboard_points(tmp_path) == sorted(logged)
+  assert _history(str(tmp_path / "earlier-attempt-1")) == killed  # set aside, not lost
+  assert _tensorboard_points(tmp_path / "earlier-attempt-1") == sorted(logged)
+  resumed = attempt(resume_at=2, loss=0.75)  # restored from a checkpoint at step 2: steps 2.. are re-run
+  assert [h["train/loss"] for h in resumed if "train/loss" in h] == [0.25, 1.25, 2.75]
+  assert _tensorboard_points(tmp_path) == sorted(logged)
+  assert not os.path.exists(tmp_path / "earlier-attempt-2")
