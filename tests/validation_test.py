@@ -249,7 +249,7 @@ def test_oversized_prompts_skipped_and_counted(caplog):
   assert kept == [problems[0], problems[2]]
   assert counts == dict(records=4, kept=2, oversized_skipped=2, duplicates=0, duplicates_dropped=0,
                         conflicting_answers=0)
-  assert ("set: skipped 2 prompt(s) longer than sampler.max_prefill_length=8, e.g. set record 1 (9 tokens)"
+  assert ("set: skipped 2 prompt(s) longer than sampler.max_prefill_length=8, e.g. set record 2 (9 tokens)"
           in caplog.text)
   with pytest.raises(DataError, match="none of its 1 records is usable"):
     problem_checks.validate_problems([problems[1]], where="set", max_prompt_tokens=8, on_oversized="skip")
@@ -263,14 +263,14 @@ def test_duplicates_counted_then_kept_or_dropped(caplog, policy, kept_indices):
   assert kept == [problems[i] for i in kept_indices]
   assert counts["duplicates"] == 2 and counts["duplicates_dropped"] == (2 if policy == "drop" else 0)
   assert counts["conflicting_answers"] == 1  # "a" with answer 7 after answer 1
-  assert "set record 2 repeats set record 0" in caplog.text
-  assert "set record 3 has answer '7', set record 0 '1'" in caplog.text
+  assert "set record 3 repeats set record 1" in caplog.text
+  assert "set record 4 has answer '7', set record 1 '1'" in caplog.text
 
 
 def test_empty_prompt_and_foreign_token_ids_are_errors():
-  with pytest.raises(DataError, match="^set record 1: the prompt has no tokens$"):
+  with pytest.raises(DataError, match="^set record 2: the prompt has no tokens$"):
     problem_checks.validate_problems([_problem("a"), _problem("")], where="set", max_prompt_tokens=8)
-  with pytest.raises(DataError, match=r"set record 0: prompt token ids outside the model's vocabulary \[0, 98\): "
+  with pytest.raises(DataError, match=r"set record 1: prompt token ids outside the model's vocabulary \[0, 98\): "
                                       r"\[98\]"):
     problem_checks.validate_problems([_problem("ab")], where="set", max_prompt_tokens=8, vocab_size=98)  # b = 98
 
