@@ -201,3 +201,37 @@ def test_a_finite_blow_up_is_skipped_like_a_non_finite_update():
   off = dataclasses.replace(blown, max_update_ratio=0.0)  # the guard off: the blow-up lands
   state, (metrics,) = _run(off, CONFIG, params, mesh, [batch])
   assert metrics["update_skipped"] == 0.0 and float(optax.tree.norm(state.params)) > 1e10
+
+
+def test_grpo_second_mini_batch_of_a_round_is_clipped():
+  """Off-by-one GRPO takes 2 mini-batches per update round, pi_old scored as the round starts: after the
+  first update the ratio pi / pi_old leaves [0.8, 1.2] on some tokens, and the loss the second step
+  reports is the clipped surrogate computed here by hand in numpy (not the unclipped one)."""
+  config = trainer.TrainConfig(loss="grpo", loss_settings=objectives.GRPOSettings(clip_eps=0.2, tis_cap=2.0),
+                               optim=OptimConfig(lr=3e-2, max_grad_norm=0.0), max_update_ratio=0.0)
+  model, layout = api.for_config(CONFIG), parallel.Layout(_one_device_mesh())
+  batch = _batch(4, 2, 16, seed=3)
+  score = trainer.make_score_fn(config, model, layout)
+  state = trainer.create_train_state(config, model, _params(), layout)
+  batch["old_policy_token_logp"] = np.asarray(score(state.params, batch))  # pi_old: the round's start
+  step = trainer.make_train_step(config, model, layout)
+  state, first = step(state, batch, jax.random.PRNGKey(0))
+  assert float(first["clip_fraction"]) == 0.0  # the round's first step: ratio 1 everywhere
+  logp = np.asarray(score(state.params, batch), np.float64)
+  _, second = step(state, batch, jax.random.PRNGKey(1))
+
+  mask = batch["response_mask"] > 0
+  ratio = np.exp(logp - batch["old_policy_token_logp"])
+  r = batch["rewards"]
+  adv = ((r - r.mean(-1, keepdims=True)) / (r.std(-1, ddof=1, keepdims=True) + 1e-6))[..., None]
+  tis = np.minimum(np.exp(batch["old_policy_token_logp"] - batch["sampler_token_logp"]), 2.0)
+
+  def loss_of(surrogate):
+    per_seq = np.where(mask, -tis * surrogate, 0.0).sum(-1) / mask.sum(-1)
+    return per_seq.mean()
+  clipped = loss_of(np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv))
+  unclipped = loss_of(ratio * adv)
+  outside = mask & ((ratio < 0.8) | (ratio > 1.2))
+  assert outside.sum() > 0 and float(second["clip_fraction"]) > 0.0
+  np.testing.assert_allclose(float(second["loss"]), clipped, rtol=1e-4)
+  assert abs(clipped - unclipped) > 1e-2  # the clip changed the loss: the test tells the two apart

@@ -43,15 +43,17 @@ class LossSpec:
   needs_groups: bool  # advantages compare the G samples of a prompt
   needs: tuple[str, ...]  # batch keys the loss reads
   optional: tuple[str, ...] = ()  # batch keys it reads when present
+  on_policy: bool = False  # its data must come from the current policy: the loop's sync_every must be 1
 
 
 LOSSES: dict[str, LossSpec] = {
     "oapl": LossSpec(oapl_from_batch, OAPLSettings, True, _TOKENS_AND_REWARDS),
     "grpo": LossSpec(grpo_from_batch, GRPOSettings, True, _TOKENS_AND_REWARDS, ("old_policy_token_logp",)),
     # Same math as grpo: on-policy GRPO is the loop's schedule (sampler refreshed before every rollout
-    # round, one optimizer step per round), named here so configs and reports can tell the two apart.
+    # round, one optimizer step per round), named so that configs and reports tell the two apart and
+    # a config that lags it (sync_every > 1) is refused.
     "grpo_onpolicy": LossSpec(grpo_from_batch, GRPOSettings, True, _TOKENS_AND_REWARDS,
-                              ("old_policy_token_logp",)),
+                              ("old_policy_token_logp",), on_policy=True),
     "asymre": LossSpec(asymre_from_batch, AsymRESettings, True, ("response_mask", "rewards")),
     "opmd": LossSpec(opmd_from_batch, OPMDSettings, True, _TOKENS_AND_REWARDS),
     "m2po": LossSpec(m2po_from_batch, M2POSettings, True, _TOKENS_AND_REWARDS),

@@ -5,6 +5,10 @@
     background thread: [eval the fresh snapshot]; generate the window's chunks of P prompts x G samples
     trainer: L steps, step s draws B groups from the chunks the schedule makes visible to it
   checkpoint at window boundaries (the buffer is empty there by construction)
+  every eval.every_steps steps, whatever L: the trainer's current policy on the eval sets (rl/policy_eval.py)
+
+loop.sampler_delay_windows = 1 samples each window from the params of the previous window's start
+(off-by-one asynchronous RL: the paper's GRPO baseline, with 2 steps a window so its clip acts).
 
 With `mesh.sampler_devices` = 0 the sampler and trainer share devices; with n > 0 the sampler gets
 its own and both run truly concurrently (parallel.placement_from_config).
@@ -28,6 +32,7 @@ import numpy as np
 from oapl_jax import checkpoints, parallel, reporting
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.buffer import RolloutBuffer
+from oapl_jax.rl import policy_eval
 from oapl_jax.rl.monitors import HealthMonitor
 from oapl_jax.rl.rollout_worker import RolloutWorker, Window
 from oapl_jax.rl.schedule import WindowSchedule
@@ -58,6 +63,7 @@ class Run:
   batch_rows: slice  # the batch rows this process feeds (parallel.process_rows)
   evaluate: Any  # params -> {'eval/<set>/<metric>': value} over the task's eval sets
   score_old_policy: Any = None  # (params, chunk) -> per-token log-probs, for losses that read pi_old
+  policy_eval: Any = None  # rl/policy_eval.PolicyEval: the current policy every eval.every_steps steps
 
 
 def _score_new_chunks(run: Run, params, scored: int, visible: int) -> int:
@@ -75,6 +81,13 @@ def _evaluate(run: Run, step: int) -> dict:
   out = run.evaluate(run.sampler.params)
   logging.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in out.items() if "pass@" in k})
   return out
+
+
+def evaluate_policy(run: Run, step: int, params) -> None:
+  """The trainer's current policy on the eval sets (rl/policy_eval.py), logged at `step`."""
+  metrics = run.policy_eval(params)
+  policy_eval.log(step, metrics)
+  run.reporter.scalars(step, metrics)
 
 
 def _log_worker_stats(run: Run, worker: RolloutWorker) -> None:
@@ -103,7 +116,7 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
                          inline=rollouts_inline(run.sampler.layout) if inline_rollouts is None else inline_rollouts)
   worker.start()
   meta, state = run.meta, run.state
-  first_sync = meta.syncs_done
+  first_sync, delayed = meta.syncs_done, None
   base_key = jax.random.PRNGKey(cfg.seed)
   try:
     for sync in range(first_sync, loop.num_syncs):
@@ -111,7 +124,9 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
         logging.warning("stopping after %d sync windows (max_windows)", max_windows)
         break
       step0 = schedule.first_step(sync)
-      run.sampler.refresh(state.params)
+      run.sampler.refresh(state.params if delayed is None else delayed)
+      if loop.sampler_delay_windows:  # the next window samples from these (a copy: the step donates state)
+        delayed = parallel.reshard(state.params, jax.tree.map(lambda x: x.sharding, state.params))
       run.buffer.reset(run.sampler.snapshot_version)
       run.monitor.new_window()
       run.reporter.scalars(step0, {"sampler/refresh_seconds": run.sampler.last_refresh_seconds,
@@ -121,6 +136,12 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
       pending, last_fetch, scored = None, time.perf_counter(), 0
       for s in range(schedule.sync_every):
         step = step0 + s
+        if run.policy_eval is not None and run.policy_eval.due(step):
+          if pending is not None:  # its metrics first, and the probe's time is no step's
+            _finish_step(run, *pending, last_fetch)
+            pending = None
+          evaluate_policy(run, step, state.params)
+          last_fetch = time.perf_counter()
         worker.produce(schedule.chunks_visible(s))  # inline rollouts only: the chunks this step may draw
         if run.score_old_policy is not None:
           scored = _score_new_chunks(run, state.params, scored, schedule.chunks_visible(s))
@@ -206,6 +227,8 @@ def _finish(run: Run) -> dict:
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
                              "snapshot_version": run.sampler.snapshot_version, **run.monitor.summary(),
                              "reward_failures": _reward_failures(run.reporter.history())}
+  if finished and run.policy_eval is not None:
+    evaluate_policy(run, done_steps, run.state.params)
   if finished:
     final = _evaluate(run, done_steps)
     run.reporter.scalars(done_steps, final)

@@ -203,6 +203,8 @@ def train_stage(run: loop.Run, config: OfflineConfig, stage: int, workdir: str) 
   # T from the stored rollouts' own budget and prompts (buffer.sequence_length: the one rule)
   seq_len = sequence_length(max(len(p.prompt_tokens) for p in run.task.train), h.settings.max_new_tokens)
   for i, batch in enumerate(stage_batches(store, keep_by_chunk, B, epochs, (cfg.seed, stage), seq_len)):
+    if run.policy_eval is not None and i > 0 and run.policy_eval.due(start_step + i):  # its start: evaluate_policy
+      loop.evaluate_policy(run, start_step + i, state.params)
     state, metrics = step_fn(state, batch, jax.random.fold_in(base_key, start_step + i))
     if pending is not None:
       _log_step(run, *pending)

@@ -23,7 +23,9 @@ class LoopConfig:
   """The `loop` section (Algorithm 1): sync_every = L trainer steps per window, num_syncs windows; a step
   samples batch_prompts groups of group_size; the sampler adds chunks of prompts_per_rollout prompts; step
   s of a window may use the first min(1 + s // steps_per_rollout, chunks) chunks; the fresh snapshot is
-  evaluated every eval_every_syncs windows."""
+  evaluated every eval_every_syncs windows. sampler_delay_windows = 1: the snapshot a window samples from
+  is the params at the start of the previous window (off-by-one asynchronous RL, the paper's GRPO
+  baseline; a resumed run's first window samples from its restored params)."""
   sync_every: int = sections.rule(50, low=1)
   num_syncs: int = sections.rule(10, low=1)
   batch_prompts: int = sections.rule(128, low=1)
@@ -31,6 +33,7 @@ class LoopConfig:
   group_size: int = sections.rule(8, low=1)
   steps_per_rollout: int = sections.rule(2, low=1)
   eval_every_syncs: int = sections.rule(1, low=1)
+  sampler_delay_windows: int = sections.rule(0, low=0, high=1)
 
   def __post_init__(self):
     sections.enforce(self)

@@ -7,6 +7,7 @@ offline mode, eval, export, serve, the compile check, the study).
     sampler = build_sampler(rc, model, layouts.sampler)
     T = seq_len(rc, longest_prompt(task))            # the trainer's sequence length, one rule
     metrics = evaluate(rc, task, sampler, sampler.params, settings=eval_settings)
+    probe = policy_eval(rc, task, sampler, model, T, evaluate_params)   # the current policy every N steps
     run = setup(cfg, workdir); loop.train(run)        # a whole run (rl/loop.py), resuming if it can
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from oapl_jax.models.api import CausalLM
 from oapl_jax.rl import loop, trainer, warmstart
 from oapl_jax.rl.buffer import RolloutBuffer, sequence_length
 from oapl_jax.rl.monitors import HealthMonitor
+from oapl_jax.rl.policy_eval import PolicyEval
 from oapl_jax.run import check, schema
 from oapl_jax.run.schema import RunConfig
 from oapl_jax.sampler import core
@@ -141,6 +143,16 @@ def old_policy_scorer(train_cfg: trainer.TrainConfig, model: CausalLM, layout: p
   return score_chunk
 
 
+def policy_eval(rc: RunConfig, task: Task, sampler: core.Sampler, model: CausalLM, seq: int,
+                evaluate_params: Callable) -> Optional[PolicyEval]:
+  """The every-N-steps eval of the trainer's current policy (eval.every_steps; None when 0)."""
+  if not rc.eval.every_steps:
+    return None
+  return PolicyEval(rc.eval.every_steps, evaluate_params, sampler, model,
+                    {name: problems[:rc.eval.num_prompts] for name, problems in task.eval_sets.items()},
+                    rc.eval.probe_sampling((task.tokenizer.eos_id,)), eval_seed(rc), seq)
+
+
 def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Run:
   """Build a run: where it runs, the task, the model (warm-started or restored), the sampler.
   cfg: a RunConfig, or a ConfigDict (read by schema.from_config). The config's cross-section rules and
@@ -177,9 +189,10 @@ def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Ru
   sampler = build_sampler(rc, model, layouts.sampler)
   sampler.snapshot_version = meta.snapshot_version
   batch_sharding = trainer.batch_sharding(layouts.trainer, rc.loop.batch_prompts)
+  evaluate_params = functools.partial(evaluate, rc, task, sampler, settings=eval_settings)
   return loop.Run(rc, layouts, task, schedule, rollout_settings, eval_settings, model, state,
              trainer.make_train_step(train_cfg, model, layouts.trainer, rc.loop.batch_prompts), sampler,
              RolloutBuffer(seq), checkpointer, reporter, meta, HealthMonitor(rc.monitors), batch_sharding,
-             parallel.process_rows(batch_sharding, rc.loop.batch_prompts),
-             functools.partial(evaluate, rc, task, sampler, settings=eval_settings),
-             old_policy_scorer(train_cfg, model, layouts.trainer, rc.loop.prompts_per_rollout))
+             parallel.process_rows(batch_sharding, rc.loop.batch_prompts), evaluate_params,
+             old_policy_scorer(train_cfg, model, layouts.trainer, rc.loop.prompts_per_rollout),
+             policy_eval(rc, task, sampler, model, seq, evaluate_params))

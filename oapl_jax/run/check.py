@@ -32,6 +32,9 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
   if objectives.LOSSES[rc.trainer.loss].needs_groups and rc.loop.group_size < 2:
     p.add("loop.group_size", rc.loop.group_size,
           f"must be >= 2 (loss {rc.trainer.loss!r} compares the G samples of a prompt)")
+  if objectives.LOSSES[rc.trainer.loss].on_policy and (rc.loop.sync_every > 1 or rc.loop.sampler_delay_windows):
+    p.add("loop.sync_every", rc.loop.sync_every, f"must be 1 with loop.sampler_delay_windows=0 for the on-policy "
+          f"loss {rc.trainer.loss!r} (a lagged sampler makes it off-policy: use loss 'grpo' for GRPO with a lag)")
   if rc.warmstart.steps and not getattr(rc.task, "has_demonstrations", True):
     p.add("warmstart.steps", rc.warmstart.steps, "a warm start needs task.demonstrations_path (records with "
           "task.prompt_key and task.completion_key)")
