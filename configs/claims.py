@@ -1,25 +1,32 @@
 """One run of the claims study (experiments/claims.py): a task, its model and the RL budget.
 
-  python -m experiments.study --task arithmetic --out reports/claims_arithmetic   # the whole study
+  python -m experiments.study --task arithmetic --out reports/claims_arithmetic      # the whole study
   python -m oapl_jax.main --config configs/claims.py:arithmetic --workdir runs/x \
-      --config.model.checkpoint=runs/claims_arithmetic/warmstart --config.warmstart.steps=0 \
-      --config.trainer.loss=grpo --config.loop.sync_every=10 --config.loop.num_syncs=20     # one of its runs
+      --config.model.checkpoint=runs/claims/arithmetic/warmstart --config.warmstart.steps=0 \
+      --config.trainer.loss=grpo --config.loop.sync_every=2 ...                      # one of its runs
 
-Every run of a task has the same trainer-step count S and samples one fresh chunk of P = B prompts
-x G responses per step (steps_per_rollout 1), so every loss and lag draws S * B * G responses: the
-equal generation budget. The lag L only decides how many of those steps share one sampler snapshot
-(num_syncs = S / L). The eval sets are a validation split (in-loop curve, hyperparameter choice)
-and a test split the harness scores at the end (experiments/split_task.py).
+Variants: 'arithmetic' (task A: the demo's slip-fix addition, configs/arithmetic.py, with its full warm
+start: 1000 steps on a teacher that slips on 70% of the demonstrations), 'hard_tail' (task B: the same
+addition, the teacher always wrong on the problems whose first operand is odd: experiments/hard_tail_task.py),
+each optionally ',smoke' (CI size). The report's per-cell commands give every override.
+
+The defaults here are OAPL at lag L = 50 for S = 200 trainer steps: each step draws B = 8 prompts x G = 8
+responses from a chunk generated for it (64 generations per step; the demo's 32 prompts x 8 per 4 steps is
+also 64). The harness (experiments/plan.py) changes only the method's fields per cell: the loss and its
+learning rate, and the loop's lag, chunking and sampler delay; it checks that nothing else differs between
+the cells it pairs. Rollouts at T = 1, top-p 1; evals at the paper's T = 0.6, top-p 0.95. The trainer's
+current policy is scored every eval.every_steps steps whatever the lag (policy_eval/... in metrics.jsonl).
+OAPL's beta1 is the paper's 1; beta2 = 0.5 is the toy task's (docs/DESIGN.md: 1e-3 is for 16K tokens).
 """
-import os
 import importlib.util
+import os
 
 from ml_collections import ConfigDict
 
-from oapl_jax import config_base
-
-STEPS = {"arithmetic": 100, "chain": 100}  # S: trainer steps per run (>= the largest lag)
-EVAL_EVERY_STEPS = 20  # in-loop validation pass@1 every this many steps (at window starts)
+STEPS = 200  # S: trainer steps per run
+LAG = 50  # OAPL's main lag (the paper's L); the plan derives L = 100 = S from STEPS
+BATCH_PROMPTS = 8
+EVAL_EVERY_STEPS = 10  # the current policy's validation pass@1 and entropy on this step grid
 
 
 def _arithmetic_demo_config() -> ConfigDict:
@@ -30,55 +37,38 @@ def _arithmetic_demo_config() -> ConfigDict:
   return module.get_config()
 
 
-def _split(base: ConfigDict, num_val: int, num_test: int) -> ConfigDict:
-  """The task section of experiments/split_task.py around a base task section."""
-  return ConfigDict(dict(name="experiments.split_task:from_config", base=base, num_val=num_val,
-                         num_test=num_test))
-
-
 def get_config(arg: str = "arithmetic") -> ConfigDict:
   parts = set(arg.split(",")) - {""}
-  tasks = (parts & {"arithmetic", "chain"}) or {"arithmetic"}
-  if len(tasks) != 1 or parts - {"arithmetic", "chain", "smoke"}:
+  tasks = (parts & {"arithmetic", "hard_tail"}) or {"arithmetic"}
+  if len(tasks) != 1 or parts - {"arithmetic", "hard_tail", "smoke"}:
     raise ValueError(f"configs/claims.py: unknown variant {arg!r}; expected 'arithmetic' (the default) or "
-                     f"'chain', optionally ',smoke'")
+                     f"'hard_tail', optionally ',smoke'")
   task = tasks.pop()
-  if task == "arithmetic":  # the demo's tiny model, task and warm start (configs/arithmetic.py)
-    c = _arithmetic_demo_config()
-    base = c.task
-    base.update(num_held_out=192)
-    c.task = _split(base, num_val=64, num_test=128)
-    c.warmstart.steps = 300
-    c.sampler.update(num_slots=32, max_new_tokens=6)
-    c.eval.update(max_new_tokens=6)
-  else:  # chain: running sums of 8 one-digit terms written out step by step, 37-59 response tokens
-    c = config_base.base_config()
-    c.model.preset = "tiny"
-    c.model.attention = "reference"
-    c.model.overrides = dict(vocab_size=32, hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4,
-                             num_kv_heads=2, head_dim=32, max_position_embeddings=128)
-    base = ConfigDict(dict(name="oapl_jax.tasks.chain_task:from_config", num_terms=8, num_digits=1, num_train=4096,
-                           num_held_out=96, seed=0, teacher_slip_rate=0.5))
-    c.task = _split(base, num_val=32, num_test=64)
-    c.warmstart.update(steps=250, batch_size=64)  # calibrated: 200 steps left test pass@1 0.07, 600 left 0.94
-    c.warmstart.optim.lr = 3e-3
-    c.trainer.loss_settings.oapl.update(beta1=0.5, beta2=0.5)
-    c.trainer.optim.update(lr=1e-4, b1=0.9, b2=0.95, weight_decay=0.0, max_grad_norm=1.0)
-    # rollouts at temperature 0.7: at 1.0 they scored ~5%, most groups of 8 had no reward signal
-    c.sampler.update(num_slots=32, max_prefill_length=24, max_new_tokens=64, temperature=0.7, top_p=1.0,
-                     steps_per_sync=16)
-    c.eval.update(temperature=0.6, top_p=0.95, max_new_tokens=64)
-  c.loop.update(batch_prompts=4, prompts_per_rollout=4, group_size=8, steps_per_rollout=1,
-                sync_every=10, num_syncs=STEPS[task] // 10, eval_every_syncs=EVAL_EVERY_STEPS // 10)
-  c.eval.update(num_prompts=1_000_000, samples=4, ks=(1, 4))  # the whole validation split, in the loop
-  c.checkpoint.update(every_syncs=1_000_000, max_to_keep=1)  # the loop always saves the last window
-  c.monitors.no_signal_steps = 1_000_000  # all-equal groups are common on a hard task; not an alarm here
-  if "smoke" in parts:  # CI: seconds per run
+  smoke = "smoke" in parts
+  c = _arithmetic_demo_config()  # the demo's tiny model, task, teacher (slip 0.7) and 1000-step warm start
+  base = c.task
+  if task == "arithmetic":  # held-out: 128 validation (chosen on), 256 test (reported)
+    base.num_held_out = 384
+    c.task = ConfigDict(dict(name="experiments.split_task:from_config", base=base, num_val=128, num_test=256))
+  else:  # per half: 64 validation, 64 test (pass@k to k = 256 at the end)
+    base.num_held_out = 640
+    c.task = ConfigDict(dict(name="experiments.hard_tail_task:from_config", base=base, hard_slip_rate=1.0,
+                             num_val=64, num_test=64))
+  c.trainer.loss_settings.oapl.update(beta1=1.0, beta2=0.5)
+  c.sampler.update(num_slots=64, max_new_tokens=6, temperature=1.0, top_p=1.0)
+  c.loop.update(batch_prompts=BATCH_PROMPTS, prompts_per_rollout=BATCH_PROMPTS, group_size=8, steps_per_rollout=1,
+                sync_every=LAG, num_syncs=STEPS // LAG, sampler_delay_windows=0,
+                eval_every_syncs=1_000_000)  # the snapshot eval only at step 0; the policy eval is the curve
+  c.eval.update(num_prompts=1_000_000, samples=4, ks=(1, 4), temperature=0.6, top_p=0.95, max_new_tokens=6,
+                every_steps=EVAL_EVERY_STEPS)
+  c.checkpoint.update(every_syncs=1, max_to_keep=1)  # the plan sets every_syncs to one save per 50 steps
+  c.monitors.no_signal_steps = 1_000_000  # all-equal groups are common on a hard half; not an alarm here
+  if smoke:  # CI: seconds per run; S = 4 steps, lag 2
     c.warmstart.update(steps=5, batch_size=32)
-    c.sampler.grow_cache = False  # one decode compile instead of one per cache length
+    c.sampler.update(grow_cache=False, num_slots=32)  # one decode compile instead of one per cache length
+    c.eval.grow_cache = False
+    c.task.base.update(num_train=64, num_held_out=48 if task == "arithmetic" else 96)
     c.task.update(num_val=8, num_test=8)
-    c.task.base.update(num_train=64, num_held_out=16)
-    c.loop.update(sync_every=2, num_syncs=2, eval_every_syncs=1)
-    if task == "chain":
-      c.task.base.num_terms = 3
+    c.loop.update(batch_prompts=4, prompts_per_rollout=4, sync_every=2, num_syncs=2)
+    c.eval.every_steps = 2
   return c

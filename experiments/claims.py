@@ -1,275 +1,213 @@
-"""The paper's five claims in miniature: losses x lags x seeds at equal generation and tuning budgets.
+"""The paper's five claims in miniature: the runner (plan: experiments/plan.py; report: claims_report.py).
 
-  python -m experiments.study --task arithmetic --out reports/claims_arithmetic
-  python -m experiments.study --task chain --out reports/claims_chain
-  python -m experiments.study --task arithmetic --out /tmp/claims --smoke     # CI: ~1-2 min
-  ... --collect        # only rebuild the report from the run directories that exist
+  python -m experiments.study --task arithmetic --out reports/claims_arithmetic            # everything
+  python -m experiments.study --task arithmetic --smoke --out /tmp/claims_smoke            # CI: ~2 min
+  ... --collect          only rebuild the report from the run directories that exist
+  ... --cell NAME        run (or resume) that one cell, e.g. arithmetic/grpo_obo/lr0.0001/seed3
 
-Losses: oapl, grpo (token IS + clip, pi_old per rollout chunk), grpo_onpolicy (lag 1 only: sync_every=1
-with steps_per_rollout=1 refreshes the sampler before every rollout round and takes one optimizer step
-on it), opmd, asymre. Lags L in {1, 10, 50, 100}; seeds {0, 1, 2}. The issue asks for L up to 200; at
-this machine's speed a run is S = 100 steps, so the longest lag, 100, is the whole run on the warm
-start's snapshot (the most off-policy a run of this budget can be).
-
-Equal generation budget: every run takes S = 100 trainer steps and each step samples one fresh chunk
-of B = 4 prompts x G = 8 responses (configs/claims.py), so every run draws S*B*G = 3200 responses
-whatever its loss and lag; the lag only sets how many steps share a sampler snapshot (S / L windows).
-Equal tuning budget: each loss gets the same 2 points (tuning_grid: the learning rate, the one knob every
-loss has whose right value depends on the loss's own scale), run at the tuning lag (10; grpo_onpolicy:
-1) with seed 0; the point with the best final validation pass@1 is then run at every lag and seed, and
-everything the report states comes from the held-out test split (experiments/split_task.py).
-Every run starts from ONE warm-start checkpoint per task (an imperfect teacher; docs/DESIGN.md: the seed
-spread is mostly the warm start's, so it is held fixed and the RL seed varies).
-
-Budget (arithmetic). 17 (loss, lag) cells x 3 seeds + 5 unchosen tuning points = 56 runs. Measured
-on this 2-core machine at a load average of ~10 (other sessions' jobs): a 200-step run took 160-180 s,
-~0.7 s per step of which the sampler is ~0.15 s (it runs beside the trainer), the rest the trainer
-step and its per-step bookkeeping; hence S = 100: ~80 s a run + ~10 s of evals (validation every 20
-steps: 64 prompts x 4 samples; at the end 64 val prompts x 16 and 128 test prompts x 64 samples) +
-~2 s setup (one process, the persistent compile cache) = ~90 s, so ~85 min for 56 runs, plus the warm
-start (300 steps, ~4 min) once. On an idle machine it is about half. Runs go in the order tuning,
-then seed 0 of every cell, then seeds 1 and 2, so a study cut short still reports every cell.
-Budget (chain): the same 56 runs with 50-59-token responses took 78-208 s each here (~85 s alone on the
-machine, more beside other jobs): 6150 s in all, including a 238 s warm start (250 steps).
-Resumable: a run with final_eval.json is skipped; an unfinished one resumes from its last checkpoint.
+Order (a study cut short still reports every claim at a lower n):
+  1. task A's warm start (one checkpoint every run loads; the RL seed varies, the warm start never does)
+  2. the pilot: OAPL at L = 50, the grid's middle lr, the tuning seed. Validation pass@1 at mid-run must
+     rise by tuning.PILOT_GAIN over the warm start and stay below tuning.PILOT_CEILING, else the study stops
+     and says what to change (the task, never the losses). The pilot is also one of OAPL's tuning runs.
+  3. tuning of oapl, grpo (off-by-one) and grpo_onpolicy: 3 learning rates each on the tuning seed, chosen by
+     the area under the validation pass@1 curve; an edge winner adds one point beyond it for every loss
+  4. task B's warm start and its check (the hard half never solved)
+  5. the claims' arms and the on-policy baseline, round-robin by seed (plan.main_cells)
+  6. opmd and asymre (tuned alike), then the beta1 probe at L = 1 (lowest priority)
+Resumable: a run with final_eval.json is skipped; an unfinished one resumes from its last checkpoint (one
+about every 50 steps). A resumed off-by-one run's first window samples from its restored params.
 """
 from __future__ import annotations
 
-
 import dataclasses
-import json
+import importlib
 import os
-import sys
 import time
-from typing import Any, Sequence
+from typing import Optional
 
-STUDIED_LOSSES = ("oapl", "grpo", "grpo_onpolicy", "opmd", "asymre")
-LAGS = (1, 10, 50, 100)  # 100 = the whole run on one sampler snapshot (S = 100)
-SEEDS = (0, 1, 2)
-LEARNING_RATES = {"arithmetic": (1e-4, 3e-4), "chain": (3e-5, 1e-4)}  # chain: at 3e-4 every loss fell (seed-0 probe)
+from experiments import plan, results, tuning
 
-
-def tuning_grid(task: str) -> dict:
-  """loss -> its tuning points (the same learning rates for every loss of a task)."""
-  return {loss: [{"config.trainer.optim.lr": lr} for lr in LEARNING_RATES[task]] for loss in STUDIED_LOSSES}
-
-PASS_KS = (1, 2, 4, 5, 8, 10, 16, 32, 64)
-FINAL_EVAL = "final_eval.json"
-# experiments/ sits beside configs/ at the repository root (neither is installed with the package)
-CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "claims.py")
+FINAL_SEED_OFFSET = 104_729  # the test eval's seed: the run's eval seed + this (the same for paired cells)
+FINAL_SAMPLES = {"arithmetic": (32, (1, 4, 8, 16, 32)), "hard_tail": (256, (1, 4, 16, 64, 256))}
+SMOKE_SAMPLES = (8, (1, 2, 4, 8))
 
 
-@dataclasses.dataclass(frozen=True)
-class Study:
-  task: str  # 'arithmetic' | 'chain'
-  losses: tuple[str, ...]
-  lags: tuple[int, ...]
-  seeds: tuple[int, ...]
-  tuning: dict  # loss -> list of override dicts, all the same length
-  tune_lag: int = 10
-  tune_seed: int = 0
-  final_samples: int = 64  # per test prompt at the end (pass@k up to this k)
-  val_samples: int = 16  # per validation prompt at the end (the tuning choice reads pass@1)
-  smoke: bool = False
-
-  def __post_init__(self):
-    sizes = {len(self.tuning[loss]) for loss in self.losses}
-    if len(sizes) != 1:
-      raise ValueError(f"unequal tuning budgets: {({loss: len(self.tuning[loss]) for loss in self.losses})}")
-
-  @property
-  def config_spec(self) -> str:
-    return f"{os.path.normpath(CONFIG_FILE)}:{self.task}{',smoke' if self.smoke else ''}"
-
-  @property
-  def ks(self) -> tuple[int, ...]:
-    return tuple(k for k in PASS_KS if k <= self.final_samples)
-
-  def lags_of(self, loss: str) -> tuple[int, ...]:
-    return (1,) if loss == "grpo_onpolicy" else self.lags
-
-  def tune_lag_of(self, loss: str) -> int:
-    return 1 if loss == "grpo_onpolicy" else self.tune_lag
+def final_sampling(study: plan.Study, task: str) -> tuple[int, tuple[int, ...]]:
+  """(samples per test prompt, ks) of the end-of-run test eval."""
+  return SMOKE_SAMPLES if study.smoke else FINAL_SAMPLES[task]
 
 
-def make_study(task: str, smoke: bool = False) -> Study:
-  if task not in ("arithmetic", "chain"):
-    raise ValueError(f"--task must be 'arithmetic' or 'chain', got {task!r}")
-  if smoke:  # 2 losses x 2 lags x 1 seed, one tuning point each
-    grid = tuning_grid(task)
-    return Study(task, ("oapl", "grpo"), (1, 2), (0,), {l: grid[l][:1] for l in ("oapl", "grpo")},
-                 tune_lag=2, final_samples=8, val_samples=4, smoke=True)
-  return Study(task, STUDIED_LOSSES, LAGS, SEEDS, tuning_grid(task))
+def task_and_tests(task_section):
+  """(the loop's task, {test set name: problems}) from the study task's own `build` (split_task, hard_tail)."""
+  module = importlib.import_module(task_section["name"].partition(":")[0])
+  return module.build(task_section)
 
 
-# ------------------------------------------------------------------------------ the runs
-@dataclasses.dataclass(frozen=True)
-class Cell:
-  """One run's identity: loss, tuning point, lag, seed."""
-  loss: str
-  point: int
-  lag: int
-  seed: int
-
-  def overrides(self, study: Study) -> dict:
-    return {"config.trainer.loss": self.loss, **study.tuning[self.loss][self.point],
-            "config.loop.sync_every": self.lag, "config.seed": self.seed}
-
-
-def tuning_cells(study: Study) -> list[Cell]:
-  return [Cell(loss, p, study.tune_lag_of(loss), study.tune_seed)
-          for loss in study.losses for p in range(len(study.tuning[loss]))]
-
-
-def main_cells(study: Study, best_point: dict[str, int]) -> list[Cell]:
-  """Seed-major order: every (loss, lag) with the first seed before any second seed."""
-  return [Cell(loss, best_point[loss], lag, seed) for seed in study.seeds
-          for loss in study.losses for lag in study.lags_of(loss)]
-
-
-def run_dir_name(study: Study, cell: Cell) -> str:
-  from oapl_jax.apps import sweep  # pylint: disable=import-outside-toplevel
-  every = [c.overrides(study) for c in _all_cells(study)]
-  names = dict(zip(map(_key, every), sweep.run_names(every)))
-  return names[_key(cell.overrides(study))]
-
-
-def _all_cells(study: Study) -> list[Cell]:
-  return [Cell(loss, p, lag, seed) for loss in study.losses for p in range(len(study.tuning[loss]))
-          for lag in study.lags_of(loss) for seed in study.seeds]
-
-
-def _key(overrides: dict) -> str:
-  return json.dumps(overrides, sort_keys=True)
-
-
-def run_config(study: Study, cell: Cell, warm_start_dir: str):
-  """configs/claims.py:<task> with the cell's overrides and the derived loop fields."""
+def run_config(study: plan.Study, cell: plan.Cell, warm_dir: str):
   from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
-  cfg = files.load(study.config_spec)
-  steps = cfg.loop.sync_every * cfg.loop.num_syncs
-  eval_every = cfg.loop.sync_every * cfg.loop.eval_every_syncs
-  if steps % cell.lag:
-    raise ValueError(f"lag {cell.lag} does not divide the {steps} trainer steps of a {study.task} run")
-  overrides = {**cell.overrides(study), "config.loop.num_syncs": steps // cell.lag,
-               "config.loop.eval_every_syncs": max(1, eval_every // cell.lag),
-               "config.model.checkpoint": os.path.abspath(warm_start_dir), "config.warmstart.steps": 0}
-  for key, value in overrides.items():
-    files.override(cfg, key, value)
-  return cfg
+  return files.load(study.config_spec(cell.arm.task), plan.overrides(study, cell, warm_dir))
 
 
-def is_done(workdir: str) -> bool:
-  return os.path.exists(os.path.join(workdir, FINAL_EVAL))
+def warm_dir_of(runs_dir: str, task: str) -> str:
+  return os.path.join(runs_dir, task, "warmstart")
 
 
-def execute(study: Study, cell: Cell, workdir: str, warm_start_dir: str) -> None:
-  """One run in this process (loop.setup + loop.train, resuming if its directory holds a checkpoint),
-  then pass@k of the final policy on val and test with `final_samples` samples per prompt."""
+def execute(study: plan.Study, cell: plan.Cell, workdir: str, warm_dir: str) -> dict:
+  """One run in this process (resuming if its directory holds a checkpoint), then pass@k of the final policy
+  on the test sets; writes final_eval.json."""
   from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
-  from experiments import split_task  # pylint: disable=import-outside-toplevel
   from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble  # pylint: disable=import-outside-toplevel
   start = time.time()
-  run = assemble.setup(run_config(study, cell, warm_start_dir), workdir)
-  cfg = run.cfg
+  run = assemble.setup(run_config(study, cell, warm_dir), workdir)
+  rc = run.cfg
   summary = loop.train(run)
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
-  _, test = split_task.build(cfg.task)
-  final = {"cell": dataclasses.asdict(cell), "trainer_steps": summary["trainer_steps"],
-           "generations": summary["trainer_steps"] * cfg.loop.prompts_per_rollout * cfg.loop.group_size
-           // cfg.loop.steps_per_rollout}
-  for name, problems, samples in (("val", run.task.eval_sets["val"], study.val_samples),
-                                  ("test", test, study.final_samples)):
-    final[name] = evaluation.evaluate(run.sampler, run.sampler.params, run.task, problems, samples=samples,
-                                      ks=[k for k in study.ks if k <= samples], settings=run.eval_settings,
-                                      seed=cfg.seed + 104_729)
+  _, tests = task_and_tests(rc.task)
+  samples, ks = final_sampling(study, cell.arm.task)
+  params = run.sampler.prepare(run.state.params)
+  final = {"cell": cell.name, "arm": cell.arm.name, "task": cell.arm.task, "loss": cell.arm.loss, "lr": cell.lr,
+           "seed": cell.seed, "trainer_steps": summary["trainer_steps"],
+           "generations": rc.loop.num_syncs * rc.loop.schedule().prompts_per_window * rc.loop.group_size,
+           "command": plan.command(study, cell, warm_dir, workdir), "train_seconds": time.time() - start,
+           "test": {name: evaluation.evaluate(run.sampler, params, run.task, problems, samples=samples, ks=ks,
+                                              settings=run.eval_settings,
+                                              seed=assemble.eval_seed(rc) + FINAL_SEED_OFFSET)
+                    for name, problems in tests.items()}}
   final["wall_seconds"] = time.time() - start
-  _write_json(os.path.join(workdir, FINAL_EVAL), final)
+  results.write_json(os.path.join(workdir, results.FINAL_EVAL), final)
+  return final
 
 
-def _write_json(path: str, value: Any) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump(value, f, indent=2)
-  os.replace(path + ".tmp", path)
-
-
-def read_final(workdir: str) -> dict:
-  with open(os.path.join(workdir, FINAL_EVAL)) as f:
-    return json.load(f)
-
-
-# ------------------------------------------------------------------------------ the warm start
-def warm_start(study: Study, directory: str) -> str:
-  """The task's warm-start checkpoint (an HF directory every run loads), made once; its own pass@k on
-  val and test (the 'start' row of the report) in <directory>/eval.json."""
-  if os.path.exists(os.path.join(directory, "eval.json")):
-    return directory
+def warm_start(study: plan.Study, task: str, directory: str) -> dict:
+  """The task's warm-start checkpoint (an HF directory every run of the task loads), made once with the task
+  config's own warm start; its pass@k on the validation and test sets in <directory>/eval.json."""
+  done = results.read_json(os.path.join(directory, "eval.json"))
+  if done is not None:
+    return done
   from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
-  from experiments import split_task  # pylint: disable=import-outside-toplevel
   from oapl_jax.models import hf  # pylint: disable=import-outside-toplevel
-  from oapl_jax.rl import warmstart  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble, files, schema  # pylint: disable=import-outside-toplevel
-  from oapl_jax.sampler import core  # pylint: disable=import-outside-toplevel
   start = time.time()
-  cfg = schema.from_config(files.load(study.config_spec))
-  task, test = split_task.build(cfg.task)
-  placement = assemble.placement(cfg)
-  model, params = assemble.build_model(cfg, placement.trainer)
-  demos = task.demonstrations(cfg.seed)
-  seq_len = max(len(d.prompt_tokens) + len(d.completion_tokens) for d in demos) - 1
-  params = warmstart.warm_start(demos, params, model, placement.trainer, cfg.warmstart, seq_len=seq_len,
-                                seed=cfg.seed,
-                                log=lambda step, m: print(f"[claims] warm start step {step}: {m}", flush=True))
-  tokenizer = task.tokenizer
-  hf.save(directory, model.config, params, token_ids=hf.TokenIds(eos=tokenizer.eos_id, pad=tokenizer.pad_id,
-                                                                 bos=tokenizer.bos_id))
-  _, eval_settings = assemble.sampling(cfg, task)
-  sampler = core.Sampler(model, layout=placement.sampler, num_slots=cfg.sampler.num_slots,
-                         max_prefill_length=cfg.sampler.max_prefill_length, max_new_tokens=eval_settings.max_new_tokens)
-  sampler.refresh(params)
-  result = {name: evaluation.evaluate(sampler, sampler.params, task, problems, samples=study.final_samples,
-                                      ks=study.ks, settings=eval_settings, seed=104_729)
-            for name, problems in (("val", task.eval_sets["val"]), ("test", test))}
-  result["wall_seconds"] = time.time() - start
-  _write_json(os.path.join(directory, "eval.json"), result)
-  print(f"[claims] warm start: {time.time() - start:.0f}s, test {result['test']}", flush=True)
-  return directory
+  rc = schema.from_config(files.load(study.config_spec(task)))
+  loop_task = assemble.build_task(rc)
+  _, tests = task_and_tests(rc.task)
+  placement = assemble.placement(rc)
+  model, params = assemble.build_model(rc, placement.trainer)
+  seq = assemble.seq_len(rc, assemble.longest_prompt(loop_task))
+  def log(step, metrics):
+    if step % 200 == 0:
+      print(f"[claims] {task} warm start step {step}: {metrics}", flush=True)
+  params = assemble.warm_start(rc, loop_task, model, params, placement.trainer, seq, log)
+  tok = loop_task.tokenizer
+  hf.save(directory, model.config, params, token_ids=hf.TokenIds(eos=tok.eos_id, pad=tok.pad_id, bos=tok.bos_id))
+  _, eval_settings = assemble.sampling(rc, loop_task)
+  sampler = assemble.build_sampler(rc, model, placement.sampler)
+  snapshot = sampler.prepare(params)
+  samples, ks = final_sampling(study, task)
+  out = {"val": {name: evaluation.evaluate(sampler, snapshot, loop_task, problems, samples=rc.eval.samples,
+                                           ks=rc.eval.ks, settings=eval_settings, seed=assemble.eval_seed(rc))
+                 for name, problems in loop_task.eval_sets.items()},
+         "test": {name: evaluation.evaluate(sampler, snapshot, loop_task, problems, samples=samples, ks=ks,
+                                            settings=eval_settings, seed=assemble.eval_seed(rc) + FINAL_SEED_OFFSET)
+                  for name, problems in tests.items()}}
+  out["wall_seconds"] = time.time() - start
+  results.write_json(os.path.join(directory, "eval.json"), out)
+  print(f"[claims] {task} warm start: {out['wall_seconds']:.0f}s, test pass@1 "
+        + ", ".join(f"{name} {m['pass@1']:.3f}" for name, m in out["test"].items()), flush=True)
+  return out
 
 
 # ------------------------------------------------------------------------------ the study
-def best_points(study: Study, runs_dir: str) -> dict[str, int]:
-  """Per loss, the tuning point with the best final validation pass@1 (ties: the first)."""
-  best = {}
-  for loss in study.losses:
-    scores = []
-    for cell in (c for c in tuning_cells(study) if c.loss == loss):
-      workdir = os.path.join(runs_dir, run_dir_name(study, cell))
-      scores.append(read_final(workdir)["val"]["pass@1"] if is_done(workdir) else float("-inf"))
-    best[loss] = max(range(len(scores)), key=lambda i: (scores[i], -i))
-  return best
+@dataclasses.dataclass
+class State:
+  """What the study decided so far (the report reads it)."""
+  chosen: dict = dataclasses.field(default_factory=dict)  # loss -> learning rate
+  tuning: dict = dataclasses.field(default_factory=dict)  # loss -> {lr: AUC or None (not run)}
+  extended: dict = dataclasses.field(default_factory=dict)  # stage -> the learning rates its edge added
+  pilot: Optional[tuning.Pilot] = None
+  hard_tail: Optional[tuple[bool, str]] = None
+  stopped: Optional[str] = None
+  warm: dict = dataclasses.field(default_factory=dict)  # task -> warm start eval.json
 
 
-def run_study(study: Study, runs_dir: str, collect: bool = False) -> dict[str, int]:
-  """Warm start, tuning runs, then the chosen point at every lag and seed; returns the chosen points."""
-  os.makedirs(runs_dir, exist_ok=True)
-  warm_dir = os.path.join(runs_dir, "warmstart")
-  if not collect:
-    warm_start(study, warm_dir)
-  stages = [("tuning", tuning_cells(study)), ("main", None)]
-  for stage, cells in stages:
-    cells = cells if cells is not None else main_cells(study, best_points(study, runs_dir))
-    for index, cell in enumerate(cells):
-      workdir = os.path.join(runs_dir, run_dir_name(study, cell))
-      if is_done(workdir) or collect:
-        continue
-      print(f"[claims] {stage} {index + 1}/{len(cells)}: {os.path.basename(workdir)}", flush=True)
-      execute(study, cell, workdir, warm_dir)
-      final = read_final(workdir)
-      print(f"[claims]   done in {final['wall_seconds']:.0f}s: val pass@1 {final['val']['pass@1']:.3f}, "
-            f"test pass@1 {final['test']['pass@1']:.3f}", flush=True)
-  return best_points(study, runs_dir)
+class Runner:
+  def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None):
+    self.study, self.runs_dir, self.collect, self.only = study, runs_dir, collect, only
+    self.state = State()
+
+  def run(self, stage: str, cell: plan.Cell) -> Optional[results.RunResult]:
+    workdir = os.path.join(self.runs_dir, cell.name)
+    if not results.is_done(workdir) and not self.collect and self.only in (None, cell.name):
+      print(f"[claims] run ({stage}): {cell.name}", flush=True)
+      final = execute(self.study, cell, workdir, warm_dir_of(self.runs_dir, cell.arm.task))
+      print(f"[claims]   done in {final['wall_seconds']:.0f}s: test "
+            + ", ".join(f"{n} pass@1 {m['pass@1']:.3f}" for n, m in final["test"].items()), flush=True)
+    return results.load(self.runs_dir, cell)
+
+  def warm(self, task: str) -> Optional[dict]:
+    directory = warm_dir_of(self.runs_dir, task)
+    if not self.collect and self.only is None:
+      self.state.warm[task] = warm_start(self.study, task, directory)
+    else:
+      self.state.warm[task] = results.read_json(os.path.join(directory, "eval.json"))
+    return self.state.warm[task]
+
+  def tune(self, stage: str, losses: tuple[str, ...]) -> None:
+    """Base grid for every loss, then one extension round if an edge won; choose by AUC."""
+    grid = list(self.study.learning_rates)
+    scores = {loss: self._scores(stage, loss, grid) for loss in losses}
+    if all(None not in s.values() for s in scores.values()):
+      winners = {loss: (grid, tuning.choose(s)) for loss, s in scores.items()}
+      extra = tuning.extension(winners, dict(self.study.extension))
+      self.state.extended[stage] = extra
+      for loss in losses:
+        scores[loss].update(self._scores(stage, loss, extra))
+    for loss in losses:
+      self.state.tuning[loss] = scores[loss]
+      finished = {lr: v for lr, v in scores[loss].items() if v is not None}
+      if finished:
+        self.state.chosen[loss] = tuning.choose(finished)
+
+  def _scores(self, stage: str, loss: str, lrs) -> dict:
+    out = {}
+    for cell in plan.tuning_cells(self.study, loss, lrs):
+      result = self.run(stage, cell)
+      out[cell.lr] = tuning.auc(result.curve()) if result is not None else None
+    return out
+
+  def main(self, stage: str, tiers: tuple[str, ...]) -> None:
+    hard_tail_ok = self.state.hard_tail is None or self.state.hard_tail[0]
+    for cell in plan.main_cells(self.study, self.state.chosen, tiers, hard_tail=hard_tail_ok):
+      self.run(stage, cell)
+
+  def study_all(self) -> State:
+    s = self.state
+    self.warm("arithmetic")
+    pilot = self.run("pilot", plan.pilot_cell(self.study))
+    if pilot is None:
+      s.stopped = "the pilot has not run"
+      return s
+    s.pilot = tuning.pilot_verdict(pilot.curve(), self.study.steps)
+    print(f"[claims] pilot: {s.pilot.message}", flush=True)
+    if not s.pilot.ok and not self.study.smoke:  # the smoke's 5-step warm start cannot learn; it goes on
+      s.stopped = "the pilot failed: " + s.pilot.message
+      return s
+    self.tune("tuning", plan.PRIMARY_LOSSES)
+    warm_b = self.warm("hard_tail")
+    if warm_b is not None:
+      s.hard_tail = tuning.hard_tail_verdict(warm_b["test"])
+      print(f"[claims] {s.hard_tail[1]}", flush=True)
+      if self.study.smoke:
+        s.hard_tail = (True, s.hard_tail[1] + " (smoke: task B runs anyway)")
+    self.main("main", ("claim", "baseline"))
+    if self.study.secondary:
+      self.tune("secondary tuning", plan.SECONDARY_LOSSES)
+      self.main("secondary", ("secondary",))
+      self.main("beta1 probe", ("probe",))
+    return s
 
 
 def enable_compile_cache(directory: str) -> None:
