@@ -26,7 +26,7 @@ def tiny_config(**model):
   cfg = arithmetic.get_config()
   cfg.model.overrides = dict(vocab_size=512, hidden_size=256, intermediate_size=1024, num_layers=1, num_heads=4,
                              num_kv_heads=2, head_dim=64, max_position_embeddings=512, **model)
-  cfg.model.update(logprob_chunk=512, attention="reference")
+  cfg.model.update(logprob_chunk_tokens=8 * 4 * 128, attention="reference")  # every token in one chunk
   cfg.loop.update(batch_prompts=8, group_size=4)
   cfg.sampler.update(num_slots=16, max_prefill_length=64, max_new_tokens=64)
   cfg.eval.max_new_tokens = 64

@@ -66,7 +66,7 @@ def test_left_padding_with_positions_and_key_mask(checkpoint):
 
 def test_token_logprobs_match_log_softmax_at_temperature(checkpoint):
   path, _ = checkpoint
-  config, params = hf.load(str(path), logprob_chunk=4)  # 11 positions -> 3 chunks, one padded
+  config, params = hf.load(str(path), logprob_chunk_tokens=4)  # 2 x 11 tokens -> 6 chunks of 1 x 4
   rng = np.random.RandomState(2)
   tokens = rng.randint(0, config.vocab_size, (2, 11))
   targets = rng.randint(0, config.vocab_size, (2, 11))

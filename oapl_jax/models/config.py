@@ -16,7 +16,9 @@ class Execution:
   param_dtype: str = sections.rule("float32", choices=tuple(_DTYPES))  # master weights
   dtype: str = sections.rule("float32", choices=tuple(_DTYPES))  # compute dtype
   remat: bool = False  # rematerialise each layer in the backward pass
-  logprob_chunk: int = sections.rule(256, low=1)  # time steps per chunk when computing log-probs from hidden states
+  # tokens (rows x positions) per row shard in one chunk of the vocabulary projection: one float32
+  # [tokens, vocab] block is alive per device, forward or backward, however many rows a batch has
+  logprob_chunk_tokens: int = sections.rule(512, low=1)
   # Training and prefill attention kernel (models/attention.py): auto | splash | cudnn | blockwise | reference;
   # "auto" picks by the platform of the mesh being traced for (so a TPU compile check gets splash).
   attention: str = sections.rule("auto", choices=IMPLEMENTATIONS)

@@ -316,35 +316,56 @@ def logits(params, config: QwenConfig, tokens_BxT, positions_BxT=None, key_mask_
   return model.apply({"params": params}, hidden, method=Qwen.logits).astype(jnp.float32)
 
 
+def _chunk_shape(B: int, T: int, budget: int, shards: int) -> tuple[int, int]:
+  """(rows, positions) of one vocabulary-projection chunk: positions split T into as few nearly
+  equal pieces of <= budget as there can be; rows are `shards` x the largest divisor r of B / shards
+  with r x positions <= budget (at least 1), so every row shard holds <= budget tokens of a chunk
+  and no row is padded."""
+  pieces = -(-T // budget)
+  pos = -(-T // pieces)
+  local = B // shards
+  r = max(d for d in range(1, max(1, budget // pos) + 1) if local % d == 0)
+  return shards * r, pos
+
+
 def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, positions_BxT=None, *,
                    key_mask_BxS=None, temperature: float = 1.0, with_entropy: bool = False):
   """log softmax(logits / temperature)[target] per position, float32 [B, T].
 
-  The vocabulary projection runs in chunks of `config.logprob_chunk` positions under
-  `jax.checkpoint`, so at most one float32 [B, chunk, V] block is alive, forward or backward.
-  With `with_entropy`, also returns the per-position entropy of the same distribution.
+  The vocabulary projection runs over chunks of at most `config.logprob_chunk_tokens` tokens per
+  row shard (rows and positions both chunked; the rows' sharding kept) under `jax.checkpoint`, so
+  at most one float32 [chunk tokens, V] block is alive per device, forward or backward, however
+  many rows the batch has. With `with_entropy`, also returns the per-position entropy.
   """
   model = Qwen(config)
   hidden_BxTxE = model.apply({"params": params}, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
   B, T, E = hidden_BxTxE.shape
-  chunk = min(config.logprob_chunk, T)
-  pad = (-T) % chunk
-  hidden_NxBxCxE = jnp.pad(hidden_BxTxE, ((0, 0), (0, pad), (0, 0))).reshape(B, -1, chunk, E).swapaxes(0, 1)
-  targets_NxBxC = jnp.pad(targets_BxT, ((0, 0), (0, pad))).reshape(B, -1, chunk).swapaxes(0, 1)
+  ctx = parallel.current_context()
+  shards = parallel.axis_size(*ctx, "activation_batch") if ctx else 1
+  shards = shards if B % shards == 0 else 1
+  R, C = _chunk_shape(B, T, config.logprob_chunk_tokens, shards)
+  NR, NT = B // R, -(-T // C)
+
+  # Row b = i * NR + j is row i of row chunk j, so each shard's contiguous block of rows stays on it.
+  def to_chunks(x_BxTx_):  # [B, T, ...] -> [NR * NT, R, C, ...], positions padded to NT * C
+    x = jnp.pad(x_BxTx_, ((0, 0), (0, NT * C - T)) + ((0, 0),) * (x_BxTx_.ndim - 2))
+    x = jnp.moveaxis(x.reshape(R, NR, NT, C, *x.shape[2:]), 0, 2).reshape(NR * NT, R, C, *x.shape[2:])
+    return parallel.constrain_where_divisible(x, (None, "activation_batch") + (None,) * (x.ndim - 2))
+
+  def from_chunks(x_KxRxC):
+    return jnp.moveaxis(x_KxRxC.reshape(NR, NT, R, C), 2, 0).reshape(B, NT * C)[:, :T]
 
   @jax.checkpoint
-  def one_chunk(h_BxCxE, t_BxC):
-    z = model.apply({"params": params}, h_BxCxE, method=Qwen.logits).astype(jnp.float32) / temperature
+  def one_chunk(h_RxCxE, t_RxC):
+    z = model.apply({"params": params}, h_RxCxE, method=Qwen.logits).astype(jnp.float32) / temperature
     logz = jax.nn.logsumexp(z, axis=-1)
-    logp = jnp.take_along_axis(z, t_BxC[..., None], axis=-1)[..., 0] - logz
-    ent = logz - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
-    return logp, ent
+    logp = jnp.take_along_axis(z, t_RxC[..., None], axis=-1)[..., 0] - logz
+    if not with_entropy:
+      return logp
+    return logp, logz - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
 
-  logp_NxBxC, ent_NxBxC = jax.lax.map(lambda xs: one_chunk(*xs), (hidden_NxBxCxE, targets_NxBxC))
-  logp_BxT = logp_NxBxC.swapaxes(0, 1).reshape(B, -1)[:, :T]
-  if not with_entropy:
-    return logp_BxT
-  return logp_BxT, ent_NxBxC.swapaxes(0, 1).reshape(B, -1)[:, :T]
+  out = jax.lax.map(lambda xs: one_chunk(*xs), (to_chunks(hidden_BxTxE), to_chunks(targets_BxT)))
+  return jax.tree.map(from_chunks, out)
 
 
 def init_params(config: QwenConfig, rng) -> Any:

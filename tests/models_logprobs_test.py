@@ -1,0 +1,124 @@
+"""token_logprobs' chunked vocabulary projection: values and gradients equal the full-logits reference,
+and the backward's memory is bounded by tokens per chunk, not by the batch's rows."""
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from oapl_jax import parallel
+from oapl_jax.models import qwen
+from oapl_jax.models.config import QwenConfig
+
+TINY = QwenConfig.tiny(num_layers=1)
+
+
+def _reference(params, config, tokens_BxT, targets_BxT, temperature):
+  """log_softmax of the full [B, T, V] logits / temperature at the targets, and its entropy."""
+  z_BxTxV = qwen.logits(params, config, tokens_BxT) / temperature
+  logq_BxTxV = jax.nn.log_softmax(z_BxTxV, axis=-1)
+  logp_BxT = jnp.take_along_axis(logq_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+  return logp_BxT, -jnp.sum(jnp.exp(logq_BxTxV) * logq_BxTxV, axis=-1)
+
+
+def _weighted_sum(fn, w_BxT, u_BxT):
+  """params -> sum(w * logp) + sum(u * entropy): a scalar whose gradient reaches every token."""
+  def total(params):
+    logp_BxT, entropy_BxT = fn(params)
+    return jnp.sum(w_BxT * logp_BxT) + jnp.sum(u_BxT * entropy_BxT)
+  return total
+
+
+@pytest.mark.parametrize("chunk_tokens", [5, 64])  # 5 divides neither B x T = 21 nor T = 7; 64 is one chunk
+def test_values_and_gradients_equal_the_full_logits_reference(chunk_tokens):
+  config = TINY.replace(logprob_chunk_tokens=chunk_tokens)
+  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
+  rng = np.random.RandomState(0)
+  tokens, targets = (jnp.asarray(rng.randint(0, config.vocab_size, (3, 7))) for _ in range(2))
+  w, u = (jnp.asarray(rng.normal(size=(3, 7)), jnp.float32) for _ in range(2))
+  temperature = 0.7
+  ours = lambda p: qwen.token_logprobs(p, config, tokens, targets, temperature=temperature,  # noqa: E731
+                                       with_entropy=True)
+  ref = lambda p: _reference(p, config, tokens, targets, temperature)  # noqa: E731
+
+  (logp, entropy), (want_logp, want_entropy) = jax.jit(ours)(params), jax.jit(ref)(params)
+  np.testing.assert_allclose(logp, want_logp, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(entropy, want_entropy, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(qwen.token_logprobs(params, config, tokens, targets, temperature=temperature),
+                             want_logp, atol=1e-5, rtol=0)
+
+  grads = jax.jit(jax.grad(_weighted_sum(ours, w, u)))(params)
+  want = jax.jit(jax.grad(_weighted_sum(ref, w, u)))(params)
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want))
+  jax.tree.map(lambda g, h: np.testing.assert_allclose(g, h, atol=1e-5 * scale, rtol=0), grads, want)
+  assert min(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 0  # every parameter reached
+
+
+@pytest.mark.parametrize("B, T, budget, shards, want", [
+    (3, 7, 5, 1, (1, 4)),      # T in two pieces of 4 (one padded position); 2 rows would exceed 5 tokens
+    (8, 7, 16, 1, (2, 7)),     # whole rows, two at a time
+    (6, 7, 32, 1, (3, 7)),     # 4 rows fit, but 3 is the largest divisor of 6 that does
+    (16, 64, 64, 8, (8, 64)),  # one row per shard
+    (16, 16, 64, 8, (16, 16)),  # both rows of every shard
+    (2, 1000, 512, 1, (1, 500)),
+])
+def test_chunk_shape(B, T, budget, shards, want):
+  assert qwen._chunk_shape(B, T, budget, shards) == want
+
+
+def _backward_temp_bytes(config, B, T):
+  params = jax.eval_shape(lambda: nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0))))
+  tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
+  grad = jax.jit(jax.grad(lambda p, t: jnp.sum(qwen.token_logprobs(p, config, t, t, with_entropy=True)[0])))
+  return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_backward_memory_does_not_grow_with_rows():
+  """One [chunk tokens, V] float32 block is 8 MiB here, far above everything else the model holds; a
+  projection that kept every row of a chunk alive would need 4x the B=2 blocks at B=8 (the code before
+  this test held 32 MiB at B=2 and 130 MiB at B=8)."""
+  chunk_tokens, V, T = 64, 32768, 64
+  config = QwenConfig.tiny(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                           num_kv_heads=1, head_dim=16, logprob_chunk_tokens=chunk_tokens)
+  block = chunk_tokens * V * 4
+  temp_2, temp_8 = _backward_temp_bytes(config, 2, T), _backward_temp_bytes(config, 8, T)
+  assert temp_2 > block  # the vocabulary block is really in the measure
+  assert temp_8 - temp_2 < block / 2, (temp_2, temp_8)
+
+
+def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows():
+  """On 8 devices, rows over (data, fsdp) = 4 shards and the vocabulary over tensor = 2: values and
+  gradients equal one device's, and every device projects chunks of exactly `logprob_chunk_tokens` of its
+  own rows' tokens. Chunking rows across shards would leave chunk rows replicated ([8, 12, V/2] per
+  device) or starve each device (6 tokens per chunk on 16 trips)."""
+  assert jax.device_count() == 8
+  V, B, T = 4096, 16, 12
+  config = QwenConfig.tiny(vocab_size=V, num_layers=1, logprob_chunk_tokens=24)
+  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(1)))
+  rng = np.random.RandomState(1)
+  tokens, targets = (rng.randint(0, V, (B, T)).astype(np.int32) for _ in range(2))
+  w = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
+
+  def loss(p, t, y):
+    logp_BxT, entropy_BxT = qwen.token_logprobs(p, config, t, y, temperature=0.8, with_entropy=True)
+    return jnp.sum(w * logp_BxT) + jnp.sum(entropy_BxT), logp_BxT
+
+  one = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, tokens, targets)
+  mesh, rules = parallel.make_mesh((1, 4, 2)), parallel.DEFAULT_RULES
+  params_8, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(1)), mesh, rules)
+  tokens_8, targets_8 = (jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp")))) for x in (tokens, targets))
+
+  def sharded(p, t, y):
+    with parallel.sharding_context(mesh, rules):
+      return jax.value_and_grad(loss, has_aux=True)(p, t, y)
+
+  compiled = jax.jit(sharded).lower(params_8, tokens_8, targets_8).compile()
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
+               compiled(params_8, tokens_8, targets_8), one)
+  hlo = compiled.as_text()
+  # Each device's logits block: its 4 rows' share of a chunk (2 rows x 12 positions) x its half of V.
+  assert set(re.findall(rf"f32\[(\d+),(\d+),{V // 2}\]", hlo)) == {("2", "12")}
+  assert set(re.findall(r'known_trip_count":\{"n":"(\d+)"', hlo)) == {"2"}  # forward and backward: 4 rows / 2
