@@ -24,7 +24,8 @@ import os
 from ml_collections import ConfigDict
 
 STEPS = 200  # S: trainer steps per run
-LAG = 50  # OAPL's main lag (the paper's L); the plan derives L = 100 = S from STEPS
+LAG = 50  # OAPL's main lag (the paper's L)
+LONG_LAG = 100  # claim 3: OAPL must still learn with two sampler snapshots in the whole run
 BATCH_PROMPTS = 8
 EVAL_EVERY_STEPS = 10  # the current policy's validation pass@1 and entropy on this step grid
 

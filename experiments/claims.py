@@ -4,15 +4,16 @@
   python -m experiments.study --task arithmetic --smoke --out /tmp/claims_smoke            # CI: ~2 min
   ... --collect          only rebuild the report from the run directories that exist
   ... --cell NAME        run (or resume) that one cell, e.g. arithmetic/grpo_obo/lr0.0001/seed3
+  ... --checks_only      the warm starts, the pilot and task B's check only (~10 min): does the design work?
 
 Order (a study cut short still reports every claim at a lower n):
   1. task A's warm start (one checkpoint every run loads; the RL seed varies, the warm start never does)
   2. the pilot: OAPL at L = 50, the grid's middle lr, the tuning seed. Validation pass@1 at mid-run must
      rise by tuning.PILOT_GAIN over the warm start and stay below tuning.PILOT_CEILING, else the study stops
      and says what to change (the task, never the losses). The pilot is also one of OAPL's tuning runs.
-  3. tuning of oapl, grpo (off-by-one) and grpo_onpolicy: 3 learning rates each on the tuning seed, chosen by
+  3. task B's warm start and its check (the hard half never solved); --checks_only stops here
+  4. tuning of oapl, grpo (off-by-one) and grpo_onpolicy: 3 learning rates each on the tuning seed, chosen by
      the area under the validation pass@1 curve; an edge winner adds one point beyond it for every loss
-  4. task B's warm start and its check (the hard half never solved)
   5. the claims' arms and the on-policy baseline, round-robin by seed (plan.main_cells)
   6. opmd and asymre (tuned alike), then the beta1 probe at L = 1 (lowest priority)
 Resumable: a run with final_eval.json is skipped; an unfinished one resumes from its last checkpoint (one
@@ -134,8 +135,9 @@ class State:
 
 
 class Runner:
-  def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None):
-    self.study, self.runs_dir, self.collect, self.only = study, runs_dir, collect, only
+  def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
+               checks_only: bool = False):
+    self.study, self.runs_dir, self.collect, self.only, self.checks_only = study, runs_dir, collect, only, checks_only
     self.state = State()
 
   def run(self, stage: str, cell: plan.Cell) -> Optional[results.RunResult]:
@@ -195,13 +197,16 @@ class Runner:
     if not s.pilot.ok and not self.study.smoke:  # the smoke's 5-step warm start cannot learn; it goes on
       s.stopped = "the pilot failed: " + s.pilot.message
       return s
-    self.tune("tuning", plan.PRIMARY_LOSSES)
     warm_b = self.warm("hard_tail")
     if warm_b is not None:
       s.hard_tail = tuning.hard_tail_verdict(warm_b["test"])
       print(f"[claims] {s.hard_tail[1]}", flush=True)
       if self.study.smoke:
         s.hard_tail = (True, s.hard_tail[1] + " (smoke: task B runs anyway)")
+    if self.checks_only:
+      s.stopped = "--checks_only: the warm starts, the pilot and task B's check, nothing more"
+      return s
+    self.tune("tuning", plan.PRIMARY_LOSSES)
     self.main("main", ("claim", "baseline"))
     if self.study.secondary:
       self.tune("secondary tuning", plan.SECONDARY_LOSSES)

@@ -54,6 +54,24 @@ def rules_lines(study: plan.Study) -> list[str]:
       f"- Verdicts: {paired_stats.VERDICT_RULE}", ""]
 
 
+def _headroom_lines(study: plan.Study, runs_dir: str) -> list[str]:
+  """Each primary loss at the grid's middle lr (tuning seed): validation pass@1 at mid-run and at the end, a
+  warning where it reaches the pilot's ceiling (a final pass@1 at a ceiling cannot separate the methods)."""
+  lrs = study.learning_rates
+  lines = ["| loss (middle lr, tuning seed) | val pass@1 at step 0 | at mid-run | at the end | headroom |",
+           "|---|---|---|---|---|"]
+  for loss in plan.PRIMARY_LOSSES:
+    r = results.load(runs_dir, plan.tuning_cells(study, loss, [lrs[len(lrs) // 2]])[0])
+    if r is None or not r.curve():
+      continue
+    curve = dict(r.curve())
+    mid = min(curve, key=lambda s: (abs(s - study.steps / 2), s))
+    top = max(curve[mid], curve[max(curve)])
+    note = f"saturates (>= {tuning.PILOT_CEILING})" if top >= tuning.PILOT_CEILING else "ok"
+    lines.append(f"| {loss} | {curve[0]:.3f} | {curve[mid]:.3f} (step {mid}) | {curve[max(curve)]:.3f} | {note} |")
+  return lines if len(lines) > 2 else []
+
+
 def _warm_lines(state: claims.State) -> list[str]:
   lines = ["## Warm starts (one checkpoint per task, every run starts from it)", "",
            "| task | set | " + " | ".join(["pass@1", "pass@k (largest k)"]) + " |", "|---|---|---|---|"]
@@ -205,7 +223,7 @@ def write_report(study: plan.Study, runs_dir: str, out_dir: str, state: claims.S
     lines += [f"**The study stopped: {state.stopped}**", ""]
   if state.pilot is not None:
     went_on = "" if state.pilot.ok or not study.smoke else " (smoke: went on)"
-    lines += ["## Pilot", "", state.pilot.message + went_on, ""]
+    lines += ["## Pilot", "", state.pilot.message + went_on, "", *_headroom_lines(study, runs_dir), ""]
   lines += rules_lines(study) + _warm_lines(state) + _tuning_lines(study, runs_dir, state)
   lines += _claim_lines(outcomes) + _secondary_lines(study, runs) + _arm_lines(study, runs, state)
   problems = pairing_problems(study, runs_dir, runs)

@@ -60,7 +60,7 @@ class Claim:
 
 
 def claims(study: plan.Study) -> list[Claim]:
-  L, S = study.lag, study.steps
+  L, LL = study.lag, study.long_lag
   kmax = 8 if study.smoke else 256
   return [
       Claim("1", "OAPL beats GRPO (off-by-one) on pass@1", f"oapl_L{L}", "grpo_obo",
@@ -68,7 +68,7 @@ def claims(study: plan.Study) -> list[Claim]:
       Claim("2", "OAPL keeps a higher entropy", f"oapl_L{L}", "grpo_obo",
             "the current policy's own per-token entropy on its T = 1 samples (policy_eval/val/token_entropy), "
             "mean over the grid steps of the run's second half", late_entropy, units="nats/token"),
-      Claim("3", f"OAPL at L = {S} (no sync in the whole run) still learns", f"oapl_L{S}", "warm start",
+      Claim("3", f"OAPL at L = {LL} still learns", f"oapl_L{LL}", "warm start",
             f"task A test pass@1 at the end minus the warm start's; supported only if the interval's lower end "
             f"clears +{tuning.PILOT_GAIN}", test_pass("test", 1), margin=tuning.PILOT_GAIN),
       Claim("4", f"OAPL scales better under pass@k (k = {kmax}, hard half)", f"hard_tail/oapl_L{L}",
@@ -122,11 +122,11 @@ def evaluate_claims(study: plan.Study, runs: dict[str, dict[int, RunResult]], wa
 
 def secondary_pairs(study: plan.Study) -> list[tuple[str, str, str, Callable]]:
   """(label, arm, comparator, per-run value): the comparisons outside the Holm family (unadjusted p)."""
-  L, S = study.lag, study.steps
+  L, LL = study.lag, study.long_lag
   p1 = test_pass("test", 1)
   rows = [("OAPL L=%d vs on-policy GRPO, test pass@1" % L, f"oapl_L{L}", "grpo_onpolicy", p1),
           ("GRPO off-by-one vs on-policy GRPO, test pass@1", "grpo_obo", "grpo_onpolicy", p1),
-          (f"OAPL L={S} vs L={L}, test pass@1", f"oapl_L{S}", f"oapl_L{L}", p1),
+          (f"OAPL L={LL} vs L={L}, test pass@1", f"oapl_L{LL}", f"oapl_L{L}", p1),
           (f"OAPL L={L} reuse-2 vs fresh, test pass@1 (half the generations)", f"oapl_L{L}_reuse2", f"oapl_L{L}", p1),
           ("task B easy half: OAPL vs GRPO off-by-one, test pass@1", f"hard_tail/oapl_L{L}", "hard_tail/grpo_obo",
            test_pass("test_easy", 1)),

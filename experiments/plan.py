@@ -72,7 +72,8 @@ class Cell:
 class Study:
   smoke: bool
   steps: int  # S
-  lag: int  # the main lag (50); the long lag is S
+  lag: int  # the main lag (50)
+  long_lag: int  # claim 3's (100): half the run on the warm start's snapshot
   batch: int  # B
   every_steps: int  # the policy-eval grid
   seeds: tuple[int, ...] = MAIN_SEEDS
@@ -86,10 +87,10 @@ class Study:
 
   def arms(self) -> dict[str, Arm]:
     """name -> arm, in priority order within a seed (task B's arms are named 'hard_tail/<name>')."""
-    L, S = self.lag, self.steps
+    L, LL = self.lag, self.long_lag
     out = [Arm(f"oapl_L{L}", "arithmetic", "oapl", "fresh", L, "claim"),
            Arm("grpo_obo", "arithmetic", "grpo", "off_by_one", 2, "claim"),
-           Arm(f"oapl_L{S}", "arithmetic", "oapl", "fresh", S, "claim"),
+           Arm(f"oapl_L{LL}", "arithmetic", "oapl", "fresh", LL, "claim"),
            Arm(f"oapl_L{L}_reuse2", "arithmetic", "oapl", "reuse2", L, "claim"),
            Arm(f"oapl_L{L}", "hard_tail", "oapl", "fresh", L, "claim"),
            Arm("grpo_obo", "hard_tail", "grpo", "off_by_one", 2, "claim"),
@@ -109,11 +110,12 @@ class Study:
 
 
 def make_study(smoke: bool = False, secondary: bool = True) -> Study:
-  if smoke:  # configs/claims.py:*,smoke: S = 4, lag 2, B = 4; 2 seeds, one tuning point (no edge), no extras
-    return Study(True, steps=4, lag=2, batch=4, every_steps=2, seeds=(0, 1), seed_rounds=(1, 2),
+  if smoke:  # configs/claims.py:*,smoke: S = 4, lags 2 and 4, B = 4; 2 seeds, one tuning point, no extras
+    return Study(True, steps=4, lag=2, long_lag=4, batch=4, every_steps=2, seeds=(0, 1), seed_rounds=(1, 2),
                  learning_rates=(1e-4,), secondary=False)
   from configs import claims as cfg  # pylint: disable=import-outside-toplevel
-  return Study(False, cfg.STEPS, cfg.LAG, cfg.BATCH_PROMPTS, cfg.EVAL_EVERY_STEPS, secondary=secondary)
+  return Study(False, cfg.STEPS, cfg.LAG, cfg.LONG_LAG, cfg.BATCH_PROMPTS, cfg.EVAL_EVERY_STEPS,
+               secondary=secondary)
 
 
 def loop_overrides(study: Study, arm: Arm) -> dict:

@@ -26,6 +26,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--smoke", action="store_true", help="tiny: S = 4 steps, 2 seeds, one lr (CI)")
   parser.add_argument("--collect", action="store_true", help="only write the report from the runs that exist")
   parser.add_argument("--cell", help="run (or resume) only this cell, then write the report")
+  parser.add_argument("--checks_only", action="store_true",
+                      help="only the warm starts, the pilot and task B's check (does the design work?)")
   parser.add_argument("--no_secondary", action="store_true", help="skip opmd, asymre and the beta1 probe")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -34,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   runs_dir = args.runs or os.path.join("runs", "claims_smoke" if args.smoke else "claims")
   claims.enable_compile_cache(os.path.join(runs_dir, "jax_cache"))
   start = time.time()
-  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell)
+  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, checks_only=args.checks_only)
   state = runner.study_all()
   path = claims_report.write_report(study, runs_dir, args.out, state, elapsed=time.time() - start)
   print(f"[claims] report: {path} ({time.time() - start:.0f}s)", flush=True)

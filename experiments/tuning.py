@@ -11,8 +11,9 @@ import numpy as np
 
 PILOT_GAIN = 0.15  # validation pass@1 at mid-run must exceed the warm start's by this much ...
 PILOT_CEILING = 0.95  # ... and stay below this (not saturated: a claim needs room above and below)
-HARD_TAIL_MAX = 0.02  # task B: the warm start's test pass@1 on the hard half at most this ("never succeeds")
-EASY_MIN = 0.05  # ... and on the easy half at least this (the easy half gives RL a signal)
+HARD_TAIL_MAX = 0.5  # task B: the warm start's hard-half test pass@k_max at most this (at least half the hard
+#                     problems never solved in all k_max samples: the warm start never succeeds on part of them)
+EASY_MIN = 0.05  # ... and its easy-half test pass@1 at least this (the easy half gives RL a signal)
 
 Curve = Sequence[tuple[int, float]]  # (trainer step, value), steps ascending
 
@@ -80,12 +81,14 @@ def pilot_verdict(curve: Curve, total_steps: int, gain: float = PILOT_GAIN, ceil
 
 
 def hard_tail_verdict(warm_eval: Mapping[str, Mapping[str, float]]) -> tuple[bool, str]:
-  """Task B's warm start ({'test_easy': metrics, 'test_hard': metrics}): never succeeds on the hard half,
-  does on the easy half."""
-  hard, easy = warm_eval["test_hard"]["pass@1"], warm_eval["test_easy"]["pass@1"]
-  rule = f"(rule: hard-half test pass@1 <= {HARD_TAIL_MAX} and easy-half >= {EASY_MIN})"
+  """Task B's warm start ({'test_easy': metrics, 'test_hard': metrics}): never succeeds on a part of the hard
+  half (pass@k_max at most HARD_TAIL_MAX), does succeed on the easy half (pass@1 at least EASY_MIN)."""
+  kmax = max(int(k[5:]) for k in warm_eval["test_hard"] if k.startswith("pass@"))
+  hard, hard1 = warm_eval["test_hard"][f"pass@{kmax}"], warm_eval["test_hard"]["pass@1"]
+  easy = warm_eval["test_easy"]["pass@1"]
+  rule = f"(rule: hard-half test pass@{kmax} <= {HARD_TAIL_MAX} and easy-half pass@1 >= {EASY_MIN})"
+  numbers = f"hard half pass@1 {hard1:.3f}, pass@{kmax} {hard:.3f}; easy half pass@1 {easy:.3f}"
   if hard > HARD_TAIL_MAX or easy < EASY_MIN:
-    return False, (f"task B's warm start does not give a hard tail: test pass@1 hard {hard:.3f}, easy {easy:.3f} "
-                   f"{rule}; lengthen the warm start (warmstart.steps) or change task.hard_slip_rate; task B's cells "
-                   f"are skipped")
-  return True, f"task B's warm start: test pass@1 hard {hard:.3f}, easy {easy:.3f} {rule}"
+    return False, (f"task B's warm start does not give a hard tail: {numbers} {rule}; lengthen the warm start "
+                   f"(warmstart.steps) or change task.hard_slip_rate; task B's cells are skipped")
+  return True, f"task B's warm start gives a hard tail: {numbers} {rule}"

@@ -85,6 +85,15 @@ def test_pilot_rule_on_synthetic_curves():
   assert tuning.pilot_verdict([(0, 0.1), (30, 0.5), (70, 0.5)], 100).step == 30  # nearest to 50, earlier on a tie
 
 
+def test_hard_tail_rule():
+  def warm(hard1, hard_k, easy1):
+    return {"test_hard": {"pass@1": hard1, "pass@256": hard_k}, "test_easy": {"pass@1": easy1, "pass@256": 0.9}}
+  ok, message = tuning.hard_tail_verdict(warm(0.03, 0.125, 0.27))  # 7/8 of the hard half never solved
+  assert ok and "pass@256 0.125" in message
+  assert not tuning.hard_tail_verdict(warm(0.2, 0.6, 0.27))[0]  # most hard problems solved sometimes
+  assert not tuning.hard_tail_verdict(warm(0.0, 0.0, 0.01))[0]  # the easy half gives no signal
+
+
 def test_auc_choice_and_edge_extension():
   assert tuning.auc([(0, 0.0), (10, 1.0)]) == pytest.approx(0.5)
   assert tuning.auc([(0, 0.2), (10, 0.4), (30, 0.4)]) == pytest.approx((3 + 8) / 30)
@@ -100,7 +109,7 @@ def test_auc_choice_and_edge_extension():
 
 
 def test_plan_arms_shapes_and_equal_generation_budget():
-  study = plan.Study(False, steps=200, lag=50, batch=8, every_steps=10)
+  study = plan.Study(False, steps=200, lag=50, long_lag=100, batch=8, every_steps=10)
   arms = study.arms()
   gens = {}
   for key, arm in arms.items():
@@ -115,7 +124,8 @@ def test_plan_arms_shapes_and_equal_generation_budget():
           obo["loop.sampler_delay_windows"]) == (2, 2, 16, 1)
   assert arms["grpo_onpolicy"].lag == 1 and arms["grpo_onpolicy"].loss == "grpo_onpolicy"
   assert [k for k in arms if arms[k].loss == "grpo"] == ["grpo_obo", "hard_tail/grpo_obo"]  # no 'grpo at lag 1'
-  assert arms["oapl_L200"].tier == "claim" and study.tuning_arm("grpo").name == "grpo_obo"
+  assert arms["oapl_L100"].lag == 100 and plan.loop_overrides(study, arms["oapl_L100"])["loop.num_syncs"] == 2
+  assert arms["oapl_L100"].tier == "claim" and study.tuning_arm("grpo").name == "grpo_obo"
   cell = plan.Cell(arms["grpo_obo"], 1e-4, 3)
   cmd = plan.command(study, cell, "/w/warm", "runs/x")
   assert cmd.startswith("python -m oapl_jax.main --config configs/claims.py:arithmetic --workdir runs/x")
@@ -124,7 +134,7 @@ def test_plan_arms_shapes_and_equal_generation_budget():
 
 
 def test_priority_order_is_round_robin_by_seed():
-  study = plan.Study(False, steps=200, lag=50, batch=8, every_steps=10)
+  study = plan.Study(False, steps=200, lag=50, long_lag=100, batch=8, every_steps=10)
   chosen = {"oapl": 1e-4, "grpo": 1e-4, "grpo_onpolicy": 3e-5}
   cells = plan.main_cells(study, chosen)
   claim_arms = [k for k, a in study.arms().items() if a.tier == "claim"]
@@ -146,10 +156,10 @@ def test_priority_order_is_round_robin_by_seed():
 def test_paired_configs_differ_only_in_the_method(tmp_path):
   from experiments import claims
   from oapl_jax.run import schema
-  study = plan.Study(False, steps=200, lag=50, batch=8, every_steps=10)
+  study = plan.Study(False, steps=200, lag=50, long_lag=100, batch=8, every_steps=10)
   arms = study.arms()
   records = {}
-  for key in ("oapl_L50", "grpo_obo", "oapl_L200", "oapl_L50_reuse2", "grpo_onpolicy"):
+  for key in ("oapl_L50", "grpo_obo", "oapl_L100", "oapl_L50_reuse2", "grpo_onpolicy"):
     cfg = claims.run_config(study, plan.Cell(arms[key], 1e-4 if key != "grpo_onpolicy" else 3e-4, 2), str(tmp_path))
     records[key] = schema.to_mapping(schema.from_config(cfg))
   for key in records:
