@@ -71,3 +71,16 @@ def test_command_line_overrides_keep_types_and_name_bad_fields():
     files.load("configs/arithmetic.py", {"loop.nope.deeper": 1})
   with pytest.raises(sections.ConfigError, match=r"loop.nonexistent: unknown setting"):
     schema.from_config(files.load("configs/arithmetic.py", {"loop.nonexistent": 3}))
+
+
+def test_a_run_recorded_before_a_field_was_retired_still_reads(caplog):
+  """config.json of a run made before model.logprob_chunk became model.logprob_chunk_tokens: eval, serve and
+  export read it (the retired field dropped, with a warning), and an unknown field is still an error."""
+  recorded = schema.to_mapping(schema.from_config(arithmetic.get_config()))
+  recorded["model"]["logprob_chunk"] = 256
+  with caplog.at_level("WARNING"):
+    rc = schema.from_config(recorded)
+  assert rc.model == schema.from_config(arithmetic.get_config()).model and "model.logprob_chunk is retired" in caplog.text
+  recorded["model"]["logprob_chunks"] = 256
+  with pytest.raises(sections.ConfigError, match="model.logprob_chunks: unknown setting"):
+    schema.from_config(recorded)

@@ -13,6 +13,7 @@ rl/monitors, mesh -> parallel, offline (optional) -> rl/offline.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Optional
 
 from ml_collections import ConfigDict
@@ -58,6 +59,19 @@ class RunConfig:
     return self.offline is not None
 
 
+# Fields earlier versions recorded (a run's config.json) that no longer exist: (section, field) -> why.
+RETIRED = {("model", "logprob_chunk"): "positions per chunk, every row; now model.logprob_chunk_tokens (tokens per "
+                                       "chunk, rows and positions): the recorded value is dropped for the default"}
+
+
+def _drop_retired(values: dict) -> dict:
+  for (section, field), why in RETIRED.items():
+    if isinstance(values.get(section), dict) and field in values[section]:
+      values = {**values, section: {k: v for k, v in values[section].items() if k != field}}
+      logging.warning("config: %s.%s is retired (%s)", section, field, why)
+  return values
+
+
 def from_config(cfg: Any) -> RunConfig:
   """A resolved config (ConfigDict or nested dicts, e.g. a run's config.json) as the typed RunConfig;
   raises sections.ConfigError listing every bad field. The cross-section rules are check.check's."""
@@ -65,6 +79,7 @@ def from_config(cfg: Any) -> RunConfig:
     return cfg
   problems = sections.Problems()
   values = cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
+  values = _drop_retired(values) if isinstance(values, dict) else values
   if isinstance(values, dict) and "task" not in values:
     problems.add("task", sections.MISSING, "missing from the config (e.g. config_base.arithmetic_task(...))")
   rc = sections.build(RunConfig, values, "", problems)
