@@ -18,9 +18,12 @@ import os
 import time
 from typing import Sequence
 
-from oapl_jax import checkpoints, evaluation, export, run_dir
 from oapl_jax.apps import cli
-from oapl_jax.run import assemble, schema
+
+cli.skip_absent_tpu()
+
+from oapl_jax import checkpoints, evaluation, export, run_dir  # noqa: E402
+from oapl_jax.run import assemble, schema  # noqa: E402
 
 
 def _source_kind(path: str) -> str:
