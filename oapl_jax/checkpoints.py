@@ -241,6 +241,19 @@ def plain_read_error(e: BaseException) -> str:
   return f"{what} cannot be read ({detail[:240]})"
 
 
+class _AbandonedReads(logging.Filter):
+  """A failed orbax read abandons its sibling read coroutines; one finalized after `_read_arrays` has
+  collected them makes asyncio log "Task exception was never retrieved" with a TensorStore traceback.
+  That failure is already reported as a DamagedCheckpoint: drop the duplicate, and only that."""
+
+  def filter(self, record):
+    return not (record.getMessage().startswith("Task exception was never retrieved")
+                and "async_deserialize" in record.getMessage())
+
+
+logging.getLogger("asyncio").addFilter(_AbandonedReads())
+
+
 def _read_arrays(step: int, read: Callable[[], Any]) -> Any:
   """Runs an orbax read; a failure becomes DamagedCheckpoint("unreadable-data") with a plain reason
   (running out of memory is not damage and propagates). A failed read abandons its sibling read
