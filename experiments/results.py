@@ -10,6 +10,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import plan
+from oapl_jax.apps.sweep import read_history  # a run's metrics.jsonl, as the sweep reads it
 
 FINAL_EVAL = "final_eval.json"
 PREFIX = "policy_eval/"
@@ -31,14 +32,6 @@ def read_json(path: str) -> Optional[dict]:
     return None
   with open(path) as f:
     return json.load(f)
-
-
-def read_history(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def series(history: list[dict], key: str) -> list[tuple[int, float]]:
