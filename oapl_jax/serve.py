@@ -42,18 +42,19 @@ def is_run_dir(path: str) -> bool:
   return os.path.isdir(os.path.join(path, "checkpoints"))
 
 
-def _run_engine(args: argparse.Namespace, cfg, settings: SamplingSettings, **engine_kwargs) -> SamplerEngine:
+def _run_engine(run: str, args: argparse.Namespace, cfg, settings: SamplingSettings,
+                **engine_kwargs) -> SamplerEngine:
   """An engine over checkpoint --step (default: the newest) of a run directory, with the run's config
   (`cfg`; None: the one it recorded). Text needs the HF tokenizer files the run's prompts were encoded
   with; without them clients send ids, and a sample stops at the run's EOS (unless --stop_tokens says
   otherwise)."""
-  weights = export.read_params(args.checkpoint, args.step, cfg)  # params only, no optimizer state
+  weights = export.read_params(run, args.step, cfg)  # params only, no optimizer state
   cfg = weights.cfg  # typed (run/schema.RunConfig)
   source = export.tokenizer_source(cfg)
   tokenizer = load_tokenizer(source) if source else None
   if tokenizer is None and not settings.stop_tokens:
     settings = settings.replace(stop_tokens=(export.run_tokenizer(cfg).eos_id,))
-  logging.warning("oapl-serve: %s, checkpoint step %d (%d sync windows), tokenizer: %s", args.checkpoint,
+  logging.warning("oapl-serve: %s, checkpoint step %d (%d sync windows), tokenizer: %s", run,
                   weights.step, weights.meta.syncs_done, source or f"none (token ids; stops at {settings.stop_tokens})")
   model = weights.model.with_execution(param_dtype=args.dtype, dtype=args.dtype, remat=False)
   return SamplerEngine(model, params=weights.params, tokenizer=tokenizer, settings=settings, **engine_kwargs)
@@ -67,12 +68,12 @@ def build_engine(args: argparse.Namespace, cfg=None) -> SamplerEngine:
                               top_p=args.top_p, top_k=args.top_k, stop_tokens=args.stop_tokens or ())
   common = dict(layout=layout, max_concurrent_decodes=args.slots, max_prefill_length=args.max_prefill_length,
                 seed=args.seed)
-  args.checkpoint = str(checkpoints.absolute(args.checkpoint))  # as the user typed it: relative, or with ~
-  if is_run_dir(args.checkpoint):
-    return _run_engine(args, cfg, settings, **common)
+  path = str(checkpoints.absolute(args.checkpoint))  # as the user typed it: relative, or with ~
+  if is_run_dir(path):
+    return _run_engine(path, args, cfg, settings, **common)
   if cfg is not None or args.step is not None:
-    raise ValueError(f"--config and --step are for run directories; {args.checkpoint} has no checkpoints/ directory")
-  return SamplerEngine.from_checkpoint(args.checkpoint, dtype=args.dtype, settings=settings, **common)
+    raise ValueError(f"--config and --step are for run directories; {path} has no checkpoints/ directory")
+  return SamplerEngine.from_checkpoint(path, dtype=args.dtype, settings=settings, **common)
 
 
 # ------------------------------------------------------------------------------ requests
