@@ -21,6 +21,7 @@ from oapl_jax import checkpoints, export, parallel, serve
 from oapl_jax.apps import serve as serve_app
 from oapl_jax import run_dir as run_dir_lib
 from oapl_jax.rl import trainer
+from oapl_jax.run import schema
 from oapl_jax.sampler import rollout
 from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine
 from oapl_jax.sampler.settings import SamplingSettings
@@ -205,7 +206,7 @@ def test_listens_on_loopback_only(server):
 def _save_run(run_dir, cfg, steps):
   """A run's checkpoints/ as loop.train writes them: a TrainState per step (random params, seeded by step)."""
   layout = parallel.Layout.single_device()
-  model = export.model_of(cfg)
+  model = export.model_of(schema.from_config(cfg))  # the typed config, as read_params builds it
   shapes = jax.eval_shape(lambda: nn.unbox(model.init_params(jax.random.PRNGKey(0))))
   ckpt = checkpoints.Checkpointer(os.path.join(run_dir, "checkpoints"))
   states = {}
