@@ -178,8 +178,7 @@ def _check_state_layout(step_dir: epath.Path, step: int) -> None:
     raise DamagedCheckpoint(step, "no-index", "state/manifest.ocdbt (the index of the array data) is missing")
 
 
-def _read_saved_tree(step_dir: epath.Path, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
-  item = step_dir / "state"
+def _read_saved_tree(item: epath.Path, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
   try:
     tree = ocp.StandardCheckpointHandler().metadata(item).tree
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -198,7 +197,7 @@ def check_files(step_dir: epath.Path, step: int, checksums: bool = False
   meta = read_meta(step_dir, step)
   _check_state_layout(step_dir, step)
   _check_record(step_dir, step, checksums)
-  return meta, _read_saved_tree(step_dir, step)
+  return meta, _read_saved_tree(step_dir / "state", step)
 
 
 def check_tree(saved: dict, abstract_state: Any, step: int) -> None:
@@ -385,6 +384,28 @@ class Checkpointer:
   def close(self) -> None:
     self._record_finished()
     self.manager.close()
+
+
+# ------------------------------------------------------------------------------ a LoRA run's frozen base
+BASE_DIR = "lora_base"  # RUN/lora_base: the base params a LoRA run's adapters apply to, written once
+
+
+def save_base(run_dir: str, params: Any) -> None:
+  """Writes a LoRA run's frozen base (after any warm start) once, before its first step; its step
+  checkpoints then hold only the adapters. A restart before the first checkpoint writes it again."""
+  with ocp.StandardCheckpointer() as writer:
+    writer.save(absolute(run_dir) / BASE_DIR, params, force=True)
+
+
+def restore_base(run_dir: str, abstract: Any) -> Any:
+  """The frozen base into `abstract`'s shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves)."""
+  path = absolute(run_dir) / BASE_DIR
+  if not (path / "_METADATA").exists():
+    raise FileNotFoundError(f"{path}: this LoRA run's frozen base params are missing (written when the run "
+                            "started); without them its adapter checkpoints cannot be used")
+  check_tree(_read_saved_tree(path, -1), abstract, -1)
+  return _read_arrays(-1, lambda: ocp.Checkpointer(ocp.StandardCheckpointHandler()).restore(
+      path, args=ocp.args.StandardRestore(abstract)))
 
 
 def abstract_like(state: Any) -> Any:

@@ -8,11 +8,13 @@ checkpoint the run started from (task.tokenizer_dir, else model.checkpoint), plu
 run, step and tokenizer). A task whose tokenizer has no HF files (the arithmetic CharTokenizer) gets none,
 and the export says so. The run's config comes from RUN_DIR/config.json (run_dir.record_config) or --config.
 
-Only the params are read from the checkpoint (not the optimizer state), into host memory on one device.
+Only the params are read from the checkpoint (not the optimizer state), into host memory on one device. A LoRA
+run's adapters are merged into its frozen base (RUN/lora_base), so what is written is a plain HF model.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Optional, Sequence
@@ -25,7 +27,7 @@ from etils import epath
 
 from oapl_jax import checkpoints, run_dir
 from oapl_jax.run import schema
-from oapl_jax.models import api, factory, hf
+from oapl_jax.models import api, factory, hf, lora
 
 
 @dataclasses.dataclass
@@ -65,15 +67,23 @@ def read_params(run: str, step: Optional[int] = None, cfg=None) -> RunWeights:
   step_dir = epath.Path(directory) / str(step)
   meta, saved = checkpoints.check_files(step_dir, step)
   abstract = nn.unbox(jax.eval_shape(lambda: model.init_params(jax.random.PRNGKey(0))))
+  settings = cfg.trainer.lora
+  trained = abstract  # what the step checkpoint holds: the params, or a LoRA run's adapters
+  if settings.enabled:
+    trained = jax.eval_shape(lambda: lora.init_adapters(settings, model, abstract, jax.random.PRNGKey(0)))
   saved_params = {k: v for k, v in saved.items() if k.startswith("params.")}
-  checkpoints.check_tree(saved_params, {"params": abstract}, step)
+  checkpoints.check_tree(saved_params, {"params": trained}, step)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-  target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), abstract)}
+  on_cpu = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), tree)  # noqa: E731
+  target = {"params": on_cpu(trained)}
   restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=cpu), target)
   with ocp.PyTreeCheckpointer() as reader:  # only the params subtree: no optimizer state in memory
-    restored = reader.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-        item=target, restore_args=restore_args, partial_restore=True))
-  return RunWeights(cfg, model, jax.tree.map(np.asarray, restored["params"]), step, meta)
+    params = reader.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True))["params"]
+  if settings.enabled:  # merged into the plain model's params: export, eval and serve see no adapters
+    params = jax.jit(functools.partial(lora.merge, settings, model))(
+        checkpoints.restore_base(run, on_cpu(abstract)), params)
+  return RunWeights(cfg, model, jax.tree.map(np.asarray, params), step, meta)
 
 
 def _task_field(cfg, name: str) -> Any:

@@ -36,6 +36,10 @@ class CausalLM(Protocol):
   def same_architecture(self, other: "CausalLM") -> bool:
     """Whether `other`'s weights fit this model (how either runs may differ)."""
 
+  def lora_inputs(self) -> dict[str, tuple[str, ...]]:
+    """{projection module name: the logical names of its kernel's input axes}: where LoRA may attach
+    (models/lora.py splits each kernel into input and output axes by these)."""
+
   # ---- training
   def token_logprobs(self, params: Params, tokens_BxT, targets_BxT, positions_BxT=None, *,
                      temperature: float = 1.0, with_entropy: bool = False):

@@ -410,6 +410,10 @@ class QwenLM:
   def same_architecture(self, other) -> bool:
     return isinstance(other, QwenLM) and self.config.architecture == other.config.architecture
 
+  def lora_inputs(self) -> dict[str, tuple[str, ...]]:
+    return {**{name: ("embed",) for name in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")},
+            "o_proj": ("q_heads", "head_dim"), "down_proj": ("mlp",)}
+
   def token_logprobs(self, params, tokens_BxT, targets_BxT, positions_BxT=None, *, temperature: float = 1.0,
                      with_entropy: bool = False):
     return token_logprobs(params, self.config, tokens_BxT, targets_BxT, positions_BxT, temperature=temperature,

@@ -32,7 +32,7 @@ import numpy as np
 from oapl_jax import checkpoints, parallel, reporting
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.buffer import RolloutBuffer
-from oapl_jax.rl import policy_eval
+from oapl_jax.rl import policy_eval, trainer
 from oapl_jax.rl.monitors import HealthMonitor
 from oapl_jax.rl.rollout_worker import RolloutWorker, Window
 from oapl_jax.rl.schedule import WindowSchedule
@@ -64,6 +64,7 @@ class Run:
   evaluate: Any  # params -> {'eval/<set>/<metric>': value} over the task's eval sets
   score_old_policy: Any = None  # (params, chunk) -> per-token log-probs, for losses that read pi_old
   policy_eval: Any = None  # rl/policy_eval.PolicyEval: the current policy every eval.every_steps steps
+  policy_params: Any = lambda state: state.params  # state -> the model's full params (LoRA: merged)
 
 
 def _score_new_chunks(run: Run, params, scored: int, visible: int) -> int:
@@ -124,9 +125,11 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
         logging.warning("stopping after %d sync windows (max_windows)", max_windows)
         break
       step0 = schedule.first_step(sync)
-      run.sampler.refresh(state.params if delayed is None else delayed)
+      params = run.policy_params(state)
+      run.sampler.refresh(params if delayed is None else delayed)
       if loop.sampler_delay_windows:  # the next window samples from these (a copy: the step donates state)
-        delayed = parallel.reshard(state.params, jax.tree.map(lambda x: x.sharding, state.params))
+        delayed = parallel.reshard(params, jax.tree.map(lambda x: x.sharding, params))
+      del params
       run.buffer.reset(run.sampler.snapshot_version)
       run.monitor.new_window()
       run.reporter.scalars(step0, {"sampler/refresh_seconds": run.sampler.last_refresh_seconds,
@@ -140,11 +143,11 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
           if pending is not None:  # its metrics first, and the probe's time is no step's
             _finish_step(run, *pending, last_fetch)
             pending = None
-          evaluate_policy(run, step, state.params)
+          evaluate_policy(run, step, run.policy_params(state))
           last_fetch = time.perf_counter()
         worker.produce(schedule.chunks_visible(s))  # inline rollouts only: the chunks this step may draw
         if run.score_old_policy is not None:
-          scored = _score_new_chunks(run, state.params, scored, schedule.chunks_visible(s))
+          scored = _score_new_chunks(run, run.policy_params(state), scored, schedule.chunks_visible(s))
         wait_start = time.perf_counter()
         batch = run.buffer.sample(loop.batch_prompts, schedule.chunks_visible(s), np.random.default_rng([cfg.seed, step]),
                                   rows=run.batch_rows)
@@ -178,7 +181,7 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
       if run.monitor.diverging:
         logging.warning("not checkpointing step %d: its last update was skipped as non-finite", end_step)
       elif (sync + 1) % cfg.checkpoint.every_syncs == 0 or sync + 1 == loop.num_syncs:
-        run.checkpointer.save(end_step, state, meta)
+        run.checkpointer.save(end_step, trainer.checkpointed(state), meta)
     run.state, run.meta = state, meta
     return _finish(run)
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
@@ -223,12 +226,12 @@ def _finish(run: Run) -> dict:
   done_steps = run.schedule.first_step(run.meta.syncs_done)
   finished = run.meta.syncs_done == run.cfg.loop.num_syncs
   if finished:
-    run.sampler.refresh(run.state.params)
+    run.sampler.refresh(run.policy_params(run.state))
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
                              "snapshot_version": run.sampler.snapshot_version, **run.monitor.summary(),
                              "reward_failures": _reward_failures(run.reporter.history())}
   if finished and run.policy_eval is not None:
-    evaluate_policy(run, done_steps, run.state.params)
+    evaluate_policy(run, done_steps, run.policy_params(run.state))
   if finished:
     final = _evaluate(run, done_steps)
     run.reporter.scalars(done_steps, final)

@@ -29,6 +29,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from oapl_jax import objectives, parallel, sections
+from oapl_jax.models import lora
+from oapl_jax.models.lora import LoraSettings
 from oapl_jax.models.api import CausalLM
 from oapl_jax.parallel import Layout
 from oapl_jax.rl.optim import OptimConfig, make_optimizer, make_schedule
@@ -57,6 +59,8 @@ class TrainConfig:
   loss: str = sections.rule("oapl", choices=tuple(objectives.LOSSES))
   loss_settings: Any = sections.rule(default_factory=objectives.OAPLSettings, convert=_loss_settings)
   optim: OptimConfig = OptimConfig()
+  # LoRA adapters (rank > 0): only they are trained, held in the optimizer and checkpointed; the base is frozen
+  lora: LoraSettings = LoraSettings()
   micro_batches: int = sections.rule(1, low=1)  # gradient accumulation: the batch is split along B into this many
   # an update whose norm exceeds this times the params' norm is a blow-up, skipped like a non-finite one
   # (lr 1e30 gives a finite update of ~1e30 per weight); 0 = off. Sane AdamW steps are ~1e-3 .. 1e-1 of it.
@@ -83,8 +87,19 @@ class TrainConfig:
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # int32 scalar: optimizer updates applied so far
-  params: Any
+  params: Any  # what the optimizer trains: the model's params, or with LoRA the adapters
   opt_state: optax.OptState
+  frozen: Any = None  # with LoRA: the base params (not trained, not in step checkpoints); else None
+
+
+def policy_params(config: "TrainConfig", model: CausalLM, params, frozen):
+  """The model's full params: `params` themselves, or the frozen base with the LoRA adapters merged in."""
+  return lora.merge(config.lora, model, frozen, params) if config.lora.enabled else params
+
+
+def checkpointed(state: TrainState) -> TrainState:
+  """What a step checkpoint holds: the state without the frozen base (a LoRA run saves that once)."""
+  return state.replace(frozen=None)
 
 
 # ------------------------------------------------------------------------------ shardings
@@ -98,31 +113,51 @@ def batch_sharding(layout: Layout, num_prompts: Optional[int] = None) -> NamedSh
 
 
 def state_shardings(config: TrainConfig, model: CausalLM, layout: Layout) -> TrainState:
-  """TrainState of NamedShardings: params from their logical axes, optimizer moments alike."""
-  params_sh = layout.sharding(model.param_logical_axes())
+  """TrainState of NamedShardings: params (or LoRA adapters) from their logical axes, optimizer moments alike."""
+  full_sh = layout.sharding(model.param_logical_axes())
   abstract_params = jax.eval_shape(lambda: nn.unbox(model.init_params(jax.random.PRNGKey(0))))
+  params_sh, frozen_sh = full_sh, None
+  if config.lora.enabled:
+    params_sh, frozen_sh = layout.sharding(lora.logical_axes(config.lora, model)), full_sh
+    abstract_params = jax.eval_shape(
+        lambda: lora.init_adapters(config.lora, model, abstract_params, jax.random.PRNGKey(0)))
   tx = make_optimizer(config.optim)
   replicated = layout.replicated
   opt_sh = optax.tree_map_params(tx, lambda _, sharding: sharding, jax.eval_shape(tx.init, abstract_params),
                                  params_sh, transform_non_params=lambda _: replicated)
-  return TrainState(step=replicated, params=params_sh, opt_state=opt_sh)
+  return TrainState(step=replicated, params=params_sh, opt_state=opt_sh, frozen=frozen_sh)
 
 
-def create_train_state(config: TrainConfig, model: CausalLM, params, layout: Layout) -> TrainState:
-  """Step 0 state on `layout`; params cast to param_dtype.
+def create_train_state(config: TrainConfig, model: CausalLM, params, layout: Layout, rng=None) -> TrainState:
+  """Step 0 state on `layout`; params cast to param_dtype. With LoRA they become the frozen base and fresh
+  adapters (from `rng`; default PRNGKey(0)) are what the optimizer trains.
 
   `params` are copied device-to-device into the trainer's shardings and not donated (the caller
   may still hold them, e.g. as the sampler's snapshot).
   """
   shardings = state_shardings(config, model, layout)
-  params = parallel.reshard(params, shardings.params)
+  full_sh = shardings.frozen if config.lora.enabled else shardings.params
+  params = parallel.reshard(params, full_sh)
   tx = make_optimizer(config.optim)
 
-  def init(params):
+  def init(params, rng):
     params = jax.tree.map(lambda p: p.astype(model.config.jnp_param_dtype), params)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    trainable, frozen = params, None
+    if config.lora.enabled:
+      trainable, frozen = lora.init_adapters(config.lora, model, params, rng), params
+    return TrainState(step=jnp.zeros((), jnp.int32), params=trainable, opt_state=tx.init(trainable), frozen=frozen)
 
-  return jax.jit(init, in_shardings=(shardings.params,), out_shardings=shardings)(params)
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  return jax.jit(init, in_shardings=(full_sh, layout.replicated), out_shardings=shardings)(params, rng)
+
+
+def make_policy_params(config: TrainConfig, model: CausalLM, layout: Layout):
+  """state -> the model's full params on the trainer's devices (LoRA: merged, a new tree; else state.params)."""
+  if not config.lora.enabled:
+    return lambda state: state.params
+  full_sh = layout.sharding(model.param_logical_axes())
+  merged = jax.jit(functools.partial(policy_params, config, model), out_shardings=full_sh)
+  return lambda state: merged(state.params, state.frozen)
 
 
 # ------------------------------------------------------------------------------ loss
@@ -228,12 +263,15 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
   tx = make_optimizer(config.optim)
   schedule = make_schedule(config.optim)
   state_sh = state_shardings(config, model, layout)
-  grad_fn = jax.value_and_grad(functools.partial(_loss_and_sums, config, model), has_aux=True)
+  def loss_of(trainable, frozen, batch: Batch):
+    return _loss_and_sums(config, model, policy_params(config, model, trainable, frozen), batch)
+  grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
   def train_step(state: TrainState, batch: Batch, rng: jax.Array):
     del rng  # the losses are deterministic; kept so every step has the same signature
     with layout.context():
-      grads, metrics = _grads_and_metrics(grad_fn, state.params, batch, config.micro_batches)
+      grads, metrics = _grads_and_metrics(lambda p, mb: grad_fn(p, state.frozen, mb), state.params, batch,
+                                          config.micro_batches)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     update_norm, param_norm = optax.tree.norm(updates), optax.tree.norm(state.params)
@@ -244,7 +282,7 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
     metrics.update(grad_norm=optax.tree.norm(grads), update_norm=update_norm, param_norm=param_norm,
                    learning_rate=schedule(state.step), update_skipped=1.0 - finite.astype(jnp.float32))
     return TrainState(step=state.step + 1, params=keep_if_finite(params, state.params),
-                      opt_state=keep_if_finite(opt_state, state.opt_state)), metrics
+                      opt_state=keep_if_finite(opt_state, state.opt_state), frozen=state.frozen), metrics
 
   replicated = layout.replicated
   return jax.jit(train_step, in_shardings=(state_sh, batch_sharding(layout, num_prompts), replicated),
@@ -271,6 +309,6 @@ def make_score_fn(config: TrainConfig, model: CausalLM, layout: Layout, num_prom
         logp_BxGxT = _merge(jax.lax.map(logp, _split(batch, config.micro_batches)))
     return jnp.where(batch["response_mask"].astype(bool), logp_BxGxT, 0.0)
 
-  params_sh = state_shardings(config, model, layout).params
+  params_sh = layout.sharding(model.param_logical_axes())  # the full params (LoRA: merged)
   batch_sh = batch_sharding(layout, num_prompts)
   return jax.jit(score_logprobs, in_shardings=(params_sh, batch_sh), out_shardings=batch_sh)

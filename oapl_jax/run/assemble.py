@@ -178,13 +178,20 @@ def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Ru
     run_dir.record_config(workdir, record)
   if not resuming:
     params = warm_start(rc, task, model, params, layouts.trainer, seq, reporter.scalars)
-  state = trainer.create_train_state(train_cfg, model, params, layouts.trainer)
+  state = trainer.create_train_state(train_cfg, model, params, layouts.trainer, jax.random.PRNGKey(rc.seed))
   del params
   meta = checkpoints.Meta(syncs_done=0, snapshot_version=0, data_position=0, seed=rc.seed)
   if resuming:
-    state, meta = checkpointer.restore(checkpoints.abstract_like(state))
+    frozen = state.frozen
+    if train_cfg.lora.enabled:  # the base the adapters were trained on (after its warm start)
+      frozen = checkpoints.restore_base(workdir, checkpoints.abstract_like(frozen))
+    state, meta = checkpointer.restore(checkpoints.abstract_like(trainer.checkpointed(state)))
+    state = state.replace(frozen=frozen)
     reporter.resume_from(int(state.step))
     logging.info("resumed from %s at step %d (%d syncs done)", checkpointer.directory, int(state.step), meta.syncs_done)
+
+  elif train_cfg.lora.enabled:
+    checkpoints.save_base(workdir, state.frozen)
 
   sampler = build_sampler(rc, model, layouts.sampler)
   sampler.snapshot_version = meta.snapshot_version
@@ -195,4 +202,5 @@ def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Ru
              RolloutBuffer(seq), checkpointer, reporter, meta, HealthMonitor(rc.monitors), batch_sharding,
              parallel.process_rows(batch_sharding, rc.loop.batch_prompts), evaluate_params,
              old_policy_scorer(train_cfg, model, layouts.trainer, rc.loop.prompts_per_rollout),
-             policy_eval(rc, task, sampler, model, seq, evaluate_params))
+             policy_eval(rc, task, sampler, model, seq, evaluate_params),
+             trainer.make_policy_params(train_cfg, model, layouts.trainer))

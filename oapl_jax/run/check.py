@@ -38,6 +38,9 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
   if rc.warmstart.steps and not getattr(rc.task, "has_demonstrations", True):
     p.add("warmstart.steps", rc.warmstart.steps, "a warm start needs task.demonstrations_path (records with "
           "task.prompt_key and task.completion_key)")
+  if rc.trainer.lora.enabled and rc.is_offline:
+    p.add("trainer.lora.rank", rc.trainer.lora.rank, "LoRA is not supported by the offline mode yet (its second "
+          "stage rebuilds the trainer state from full params); set it to 0")
   for where, optim in (("trainer", rc.trainer.optim), ("warmstart", rc.warmstart.optim)):
     if optim.lr > LARGE_LR:
       p.warnings.append(f"{where}.optim.lr={optim.lr}: unusually large for AdamW (typical 1e-6 .. 1e-3); "
