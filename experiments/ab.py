@@ -1,0 +1,167 @@
+"""A paired A/B comparison: arms that differ only by config overrides, run from one fixed warm start with the
+same RL seeds, compared by seed (the first arm is the reference; every other arm minus it, paired).
+
+  python -m experiments.ab --out reports/lora_vs_full --seeds 0,1,2,3,4 \
+      --arm "full" --arm "lora trainer.lora.rank=8 trainer.optim.lr=1e-3"
+
+Each arm is 'NAME [dotted.key=value ...]' on top of --config (default: the claims study's task A, configs/claims.py,
+200 steps of 8 prompts x 8 at lag 50) and --set overrides shared by every arm. The warm start is the claims
+study's own (experiments/claims.warm_start: 1000 supervised steps on the slipping teacher), made once into
+--warm. Per run: final test pass@k (the study's test eval, same seed for every arm), generations made, sampler
+refreshes, trainer steps, wall time; then the paired differences with 95% t-intervals and exact sign-flip p
+(experiments/paired_stats.py), report.md, results.json and curves.png (the current policy's validation pass@1).
+Runs are resumable: a finished run's final.json is reused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+from experiments import claims, paired_stats, plan, results
+
+TASK = "arithmetic"
+
+
+def parse_arm(text: str) -> tuple[str, dict]:
+  name, *sets = shlex.split(text)
+  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  return name, dict(files._parse(s) for s in sets)  # pylint: disable=protected-access
+
+
+def run_one(config: str, overrides: dict, warm_dir: str, workdir: str) -> dict:
+  """One run (resumable), then the study's final test eval; returns (and writes) final.json."""
+  done = results.read_json(os.path.join(workdir, "final.json"))
+  if done is not None:
+    return done
+  from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
+  from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble, files  # pylint: disable=import-outside-toplevel
+  start = time.time()
+  cfg = files.load(config, {"model.checkpoint": warm_dir, "warmstart.steps": 0, **overrides})
+  run = assemble.setup(cfg, workdir)
+  summary = loop.train(run)
+  if not summary["finished"]:
+    raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
+  rc, history = run.cfg, run.reporter.history()
+  _, tests = claims.task_and_tests(rc.task)
+  samples, ks = claims.FINAL_SAMPLES[TASK]
+  params = run.sampler.prepare(run.policy_params(run.state))
+  chunks = sum("rollout/reward_mean" in h for h in history)
+  final = {"overrides": overrides, "trainer_steps": summary["trainer_steps"],
+           "generations": chunks * rc.loop.prompts_per_rollout * rc.loop.group_size,
+           "refreshes": sum("sampler/refresh_seconds" in h for h in history),
+           "test": {name: evaluation.evaluate(run.sampler, params, run.task, problems, samples=samples, ks=ks,
+                                              settings=run.eval_settings,
+                                              seed=assemble.eval_seed(rc) + claims.FINAL_SEED_OFFSET)
+                    for name, problems in tests.items()},
+           "wall_seconds": time.time() - start}
+  results.write_json(os.path.join(workdir, "final.json"), final)
+  return final
+
+
+def compare(finals: dict[str, dict[int, dict]], metrics: list[str]) -> list[dict]:
+  """Every arm after the first minus the first, per metric, paired by seed."""
+  arms = list(finals)
+  rows = []
+  for arm in arms[1:]:
+    for metric in metrics:
+      a = {s: value(f, metric) for s, f in finals[arm].items()}
+      b = {s: value(f, metric) for s, f in finals[arms[0]].items()}
+      seeds, diffs = paired_stats.differences(a, b)
+      s = paired_stats.paired(diffs)
+      rows.append({"arm": arm, "reference": arms[0], "metric": metric, "seeds": seeds, "diffs": diffs,
+                   "mean": s.mean, "ci_low": s.ci_low, "ci_high": s.ci_high, "p": s.p, "n": s.n})
+  return rows
+
+
+def value(final: dict, metric: str) -> float:
+  """'test/pass@1' -> the mean over test sets; 'generations', 'refreshes', 'wall_seconds' as recorded."""
+  if metric.startswith("test/"):
+    key = metric.split("/", 1)[1]
+    return sum(m[key] for m in final["test"].values()) / len(final["test"])
+  return float(final[metric])
+
+
+def plot_curves(out: str, workdirs: dict[str, dict[int, str]]) -> str:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for color, (arm, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], workdirs.items()):
+    for seed, workdir in runs.items():
+      with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        history = [json.loads(line) for line in f]
+      points = [(h["step"], v) for h in history for k, v in h.items()
+                if k.startswith("policy_eval/") and k.endswith("/pass@1")]
+      if points:
+        ax.plot(*zip(*points), color=color, alpha=0.6, lw=1, label=arm if seed == min(runs) else None)
+  ax.set(xlabel="trainer step", ylabel="validation pass@1 (current policy)", title=os.path.basename(out))
+  ax.legend()
+  path = os.path.join(out, "curves.png")
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+  return path
+
+
+def write_report(out: str, argv: list[str], finals: dict, rows: list[dict], metrics: list[str]) -> str:
+  lines = [f"# {os.path.basename(out)}", "", "Command: `python -m experiments.ab " + " ".join(map(shlex.quote, argv)) + "`",
+           "", "Per run (seed: " + ", ".join(metrics) + "):", "",
+           "| arm | overrides | " + " | ".join(f"mean {m}" for m in metrics) + " |", "|---|---|" + "---|" * len(metrics)]
+  for arm, runs in finals.items():
+    first = next(iter(runs.values()))
+    means = [sum(value(f, m) for f in runs.values()) / len(runs) for m in metrics]
+    lines.append(f"| {arm} | `{first['overrides']}` | " + " | ".join(f"{x:.4g}" for x in means) + " |")
+  lines += ["", "Paired by seed (arm minus reference):", "",
+            "| arm - reference | metric | n | mean diff | 95% t-interval | sign-flip p | per-seed diffs |",
+            "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['arm']} - {r['reference']} | {r['metric']} | {r['n']} | {r['mean']:+.4g} | "
+                 f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}] | {r['p']:.4f} | "
+                 + ", ".join(f"{d:+.3g}" for d in r["diffs"]) + " |")
+  lines += ["", "![curves](curves.png)", ""]
+  path = os.path.join(out, "report.md")
+  with open(path, "w") as f:
+    f.write("\n".join(lines))
+  return path
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--out", required=True)
+  p.add_argument("--arm", action="append", required=True, help="'NAME key=value ...'; the first is the reference")
+  p.add_argument("--seeds", default="0,1,2,3,4")
+  p.add_argument("--config", default=f"{plan.CONFIG_FILE}:{TASK}")
+  p.add_argument("--set", action="append", default=[], help="key=value for every arm")
+  p.add_argument("--warm", default=os.path.join(plan.REPO, "runs", "ab", "warmstart"))
+  p.add_argument("--metrics", default="test/pass@1,test/pass@8,generations,refreshes,wall_seconds")
+  args = p.parse_args(argv)
+  out, warm = os.path.abspath(os.path.expanduser(args.out)), os.path.abspath(os.path.expanduser(args.warm))
+  shared = dict(parse_arm("shared " + " ".join(args.set))[1])
+  arms = dict(parse_arm(a) for a in args.arm)
+  seeds = [int(s) for s in args.seeds.split(",")]
+  metrics = args.metrics.split(",")
+  claims.warm_start(plan.make_study(), TASK, warm)
+  finals: dict = {arm: {} for arm in arms}
+  workdirs: dict = {arm: {} for arm in arms}
+  total, started = len(arms) * len(seeds), time.time()
+  for i, (seed, arm) in enumerate((s, a) for s in seeds for a in arms):  # seed-major: a cut-short study stays paired
+    workdir = os.path.join(out, "runs", arm, f"seed{seed}")
+    workdirs[arm][seed] = workdir
+    finals[arm][seed] = run_one(args.config, {**shared, **arms[arm], "seed": seed}, warm, workdir)
+    done = time.time() - started
+    print(f"[ab] {i + 1}/{total} {arm} seed {seed}: test pass@1 {value(finals[arm][seed], 'test/pass@1'):.4f}; "
+          f"ETA {done / (i + 1) * (total - i - 1) / 60:.1f} min", flush=True)
+  rows = compare(finals, metrics)
+  results.write_json(os.path.join(out, "results.json"), {"arms": arms, "shared": shared, "finals": finals, "paired": rows})
+  plot_curves(out, workdirs)
+  print(open(write_report(out, argv, finals, rows, metrics)).read())
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
