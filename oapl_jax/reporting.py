@@ -87,7 +87,7 @@ class Reporter:
     self._bar.update(1)
     self._bar.set_postfix_str(f"window ends at {window_end}", refresh=False)
 
-  def window_line(self, step: int, window: int, num_windows: int, values: Mapping[str, float]) -> str:
+  def window_line(self, step: int, window: int, num_windows: Optional[int], values: Mapping[str, float]) -> str:
     """`window 3/12 | step 30/120 | loss 0.012 | ... | 2.10 steps/s | ETA 57s`, ETA from steady steps."""
     now = time.perf_counter()
     if self._steady is None:
@@ -96,7 +96,7 @@ class Reporter:
     else:
       rate = (step - self._steady[1]) / max(now - self._steady[0], 1e-9)
     eta = (self._total - step) / rate if rate == rate and rate > 0 else float("nan")
-    parts = [f"window {window}/{num_windows}", f"step {step}/{self._total}"]
+    parts = [f"window {window}" + (f"/{num_windows}" if num_windows else ""), f"step {step}/{self._total}"]
     parts += [f"{k} {v:.4g}" for k, v in values.items()]
     parts += [f"{rate:.2f} steps/s" if rate == rate else "compiling", f"ETA {_duration(eta)}"]
     return " | ".join(parts)

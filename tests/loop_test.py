@@ -101,7 +101,7 @@ def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path):
 def _stopped_run(workdir, loss):
   """What loop._finish reads of a run stopped after 1 of 3 windows (no final eval), with a real Reporter."""
   ns = types.SimpleNamespace
-  return ns(cfg=ns(loop=ns(num_syncs=3), trainer=ns(loss=loss)), schedule=ns(first_step=lambda sync: 5 * sync),
+  return ns(cfg=ns(loop=ns(num_syncs=3, total_steps=15), trainer=ns(loss=loss)),
             meta=ns(syncs_done=1), sampler=ns(snapshot_version=1), monitor=HealthMonitor(MonitorConfig()),
             reporter=reporting.Reporter(workdir, total_steps=15), checkpointer=ns(directory="checkpoints"))
 
@@ -109,7 +109,7 @@ def _stopped_run(workdir, loss):
 def test_the_summary_is_titled_with_the_runs_loss(tmp_path):
   for loss in ("grpo", "oapl"):
     run = _stopped_run(str(tmp_path / loss), loss)
-    loop._finish(run)  # pylint: disable=protected-access
+    loop._finish(run, 5)  # pylint: disable=protected-access
     run.reporter.close()
     with open(tmp_path / loss / "summary.md") as f:
       assert f.readline() == f"# {loss.upper()} run summary\n"
@@ -117,7 +117,7 @@ def test_the_summary_is_titled_with_the_runs_loss(tmp_path):
 
 def test_the_summary_counts_failed_rewards_over_the_kept_history(tmp_path):
   def summary_json(run):
-    loop._finish(run)  # pylint: disable=protected-access
+    loop._finish(run, 5)  # pylint: disable=protected-access
     run.reporter.close()
     with open(os.path.join(run.reporter.workdir, "summary.json")) as f:
       return json.load(f)

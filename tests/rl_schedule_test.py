@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from oapl_jax.rl.rollout_worker import Window
 from oapl_jax.rl.schedule import WindowSchedule, prompt_order
 
 
@@ -9,7 +10,8 @@ def test_chunks_become_visible_every_k_steps_and_cover_the_window():
   s = WindowSchedule(sync_every=10, steps_per_chunk=4, prompts_per_chunk=32)
   assert s.num_chunks == 3 and s.prompts_per_window == 96  # ceil(10 / 4) chunks
   assert [s.chunks_visible(t) for t in range(10)] == [1, 1, 1, 1, 2, 2, 2, 2, 3, 3]
-  assert [s.chunk_step(2, c) for c in range(3)] == [20, 24, 28]  # window 2 starts at step 20
+  window = Window(version=3, index=2, data_position=1000, evaluate=False, first_step=20)
+  assert [window.chunk_step(c, s.steps_per_chunk) for c in range(3)] == [20, 24, 28]
   assert [s.chunk_position(1000, c) for c in range(3)] == [1000, 1032, 1064]
 
 

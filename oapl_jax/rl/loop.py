@@ -114,17 +114,20 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
   worker = RolloutWorker(run.sampler, run.task, run.buffer, schedule, run.rollout_settings,
                          group_size=loop.group_size, seed=cfg.seed, eval_fn=lambda step: _evaluate(run, step),
                          monitors=run.monitor.config,
-                         inline=rollouts_inline(run.sampler.layout) if inline_rollouts is None else inline_rollouts)
+                         inline=rollouts_inline(run.sampler.layout) if inline_rollouts is None else inline_rollouts,
+                         lookahead=1 if loop.refresh_drift else None)
   worker.start()
   meta, state = run.meta, run.state
   first_sync, delayed = meta.syncs_done, None
+  step0 = int(jax.device_get(state.step))  # trainer steps done: windows may end early (loop.refresh_drift)
   base_key = jax.random.PRNGKey(cfg.seed)
   try:
-    for sync in range(first_sync, loop.num_syncs):
+    sync = first_sync
+    while step0 < loop.total_steps:
       if max_windows is not None and sync - first_sync >= max_windows:
         logging.warning("stopping after %d sync windows (max_windows)", max_windows)
         break
-      step0 = schedule.first_step(sync)
+      length = min(schedule.sync_every, loop.total_steps - step0)
       params = run.policy_params(state)
       run.sampler.refresh(params if delayed is None else delayed)
       if loop.sampler_delay_windows:  # the next window samples from these (a copy: the step donates state)
@@ -135,13 +138,13 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
       run.reporter.scalars(step0, {"sampler/refresh_seconds": run.sampler.last_refresh_seconds,
                                    "sampler/refresh_bytes": run.sampler.last_refresh_bytes})
       worker.start_window(Window(run.sampler.snapshot_version, sync, meta.data_position,
-                                 evaluate=sync % loop.eval_every_syncs == 0))
-      pending, last_fetch, scored = None, time.perf_counter(), 0
-      for s in range(schedule.sync_every):
+                                 evaluate=sync % loop.eval_every_syncs == 0, first_step=step0))
+      pending, last_fetch, scored, drifted = None, time.perf_counter(), 0, False
+      for s in range(length):
         step = step0 + s
         if run.policy_eval is not None and run.policy_eval.due(step):
           if pending is not None:  # its metrics first, and the probe's time is no step's
-            _finish_step(run, *pending, last_fetch)
+            drifted |= _finish_step(run, *pending, last_fetch)
             pending = None
           evaluate_policy(run, step, run.policy_params(state))
           last_fetch = time.perf_counter()
@@ -162,28 +165,33 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
         batch = parallel.from_process_rows(batch, run.batch_sharding, loop.batch_prompts)  # this host's rows only
         state, metrics = run.train_step(state, batch, jax.random.fold_in(base_key, step))
         if pending is not None:
-          _finish_step(run, *pending, last_fetch)
+          drifted |= _finish_step(run, *pending, last_fetch)
           last_fetch = time.perf_counter()
         pending = (step, metrics, {"train/policy_lag": s, "train/wait_seconds": waited,
                                    "buffer/groups": run.buffer.num_groups(), "buffer/reuse_mean": reuse.mean()})
         _log_worker_stats(run, worker)
-        run.reporter.tick(step + 1, schedule.first_step(sync + 1))
+        run.reporter.tick(step + 1, step0 + length)
+        if drifted:  # the step before this one drifted past loop.refresh_drift: refresh now
+          break
       _finish_step(run, *pending, last_fetch)
-      worker.wait_window()
+      worker.wait_window(cut=s + 1 < schedule.sync_every)
       _log_worker_stats(run, worker)
+      end_step = step0 + s + 1
       meta = checkpoints.Meta(sync + 1, run.sampler.snapshot_version,
-                              meta.data_position + schedule.prompts_per_window, cfg.seed)
-      end_step = schedule.first_step(sync + 1)
+                              meta.data_position + schedule.chunks_visible(s) * schedule.prompts_per_chunk, cfg.seed)
+      if loop.refresh_drift:
+        run.reporter.scalars(step0, {"sampler/window_steps": float(s + 1)})
       _print_window(run, sync, end_step)
       if on_window is not None:
         on_window({"syncs": sync + 1, "num_syncs": loop.num_syncs, "trainer_steps": end_step,
                    "metrics_path": run.reporter.history_path})
       if run.monitor.diverging:
         logging.warning("not checkpointing step %d: its last update was skipped as non-finite", end_step)
-      elif (sync + 1) % cfg.checkpoint.every_syncs == 0 or sync + 1 == loop.num_syncs:
+      elif (sync + 1) % cfg.checkpoint.every_syncs == 0 or end_step == loop.total_steps:
         run.checkpointer.save(end_step, trainer.checkpointed(state), meta)
+      step0, sync = end_step, sync + 1
     run.state, run.meta = state, meta
-    return _finish(run)
+    return _finish(run, step0)
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
     worker.stop()
     run.buffer.close()
@@ -200,19 +208,22 @@ def _print_window(run: Run, sync: int, end_step: int) -> None:
   values = {"loss": latest.get("train/loss"), "reward": latest.get("rollout/reward_mean")}
   values.update({f"{k.split('/')[1]} pass@1": v for k, v in latest.items() if k.startswith("eval/") and
                  k.endswith("/pass@1")})
-  line = run.reporter.window_line(end_step, sync + 1, run.cfg.loop.num_syncs,
+  line = run.reporter.window_line(end_step, sync + 1, None if run.cfg.loop.refresh_drift else run.cfg.loop.num_syncs,
                                   {k: v for k, v in values.items() if v is not None})
   if run.reporter.is_main:
     print(line, flush=True)
 
 
-def _finish_step(run: Run, step: int, metrics, extra: dict, last_fetch: float) -> None:
+def _finish_step(run: Run, step: int, metrics, extra: dict, last_fetch: float) -> bool:
+  """Logs a step's metrics; True when its drift from the sampler passed loop.refresh_drift (adaptive lag)."""
   metrics = jax.device_get(metrics)
   run.monitor.observe(step, metrics, run.checkpointer.latest_step())
   seconds = max(time.perf_counter() - last_fetch - extra["train/wait_seconds"], 1e-9)
   scalars = {f"train/{k}": v for k, v in metrics.items()}
   scalars.update(extra, **{"train/tokens_per_second": float(metrics["tokens"]) / seconds})
   run.reporter.scalars(step, scalars)
+  threshold = run.cfg.loop.refresh_drift
+  return bool(threshold) and float(metrics[run.cfg.loop.drift_metric]) > threshold
 
 
 def _reward_failures(history: list[dict]) -> int:
@@ -221,10 +232,9 @@ def _reward_failures(history: list[dict]) -> int:
   return int(sum(h.get("rollout/reward_failures", 0.0) for h in history))
 
 
-def _finish(run: Run) -> dict:
+def _finish(run: Run, done_steps: int) -> dict:
   """Final eval of the trained policy, then the PNG curve and summary."""
-  done_steps = run.schedule.first_step(run.meta.syncs_done)
-  finished = run.meta.syncs_done == run.cfg.loop.num_syncs
+  finished = done_steps >= run.cfg.loop.total_steps
   if finished:
     run.sampler.refresh(run.policy_params(run.state))
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,

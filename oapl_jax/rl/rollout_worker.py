@@ -35,18 +35,28 @@ class Window:
   index: int  # which sync window (0, 1, ...)
   data_position: int  # index of the first training prompt of this window
   evaluate: bool
+  first_step: int  # the trainer step the window starts at (windows may end early: loop.refresh_drift)
+
+  def chunk_step(self, chunk: int, steps_per_chunk: int) -> int:
+    """The trainer step at which `chunk` becomes visible (for logging)."""
+    return self.first_step + chunk * steps_per_chunk
 
 
 class RolloutWorker(threading.Thread):
 
   def __init__(self, sampler: core.Sampler, task: Task, buffer: RolloutBuffer, schedule: WindowSchedule,
                settings: SamplingSettings, *, group_size: int, seed: int, eval_fn: Callable[[int], dict],
-               monitors: MonitorConfig = MonitorConfig(), inline: bool = False):
+               monitors: MonitorConfig = MonitorConfig(), inline: bool = False, lookahead: Optional[int] = None):
     super().__init__(name="oapl-rollout-worker", daemon=True)
     self.sampler, self.task, self.buffer, self.schedule, self.settings = sampler, task, buffer, schedule, settings
     self.group_size, self.seed, self.eval_fn, self.monitors = group_size, seed, eval_fn, monitors
     self.stats: "queue.Queue[tuple[int, dict]]" = queue.Queue()  # (trainer step, metrics) for the loop
     self._windows: "queue.Queue[Optional[Window]]" = queue.Queue()
+    self._cut = threading.Event()  # the trainer ended the window early: generate no further chunk of it
+    # threaded: generate chunk c only once c < (chunks the trainer may see) + lookahead; None: run ahead freely
+    # (a window that may end early, loop.refresh_drift, then wastes at most `lookahead` chunks)
+    self.lookahead, self._visible = lookahead, threading.Condition()
+    self._chunks_visible = 0
     self._done = threading.Event()
     self._done.set()
     self.error: Optional[BaseException] = None
@@ -63,14 +73,19 @@ class RolloutWorker(threading.Thread):
       super().join(timeout)
 
   def produce(self, chunks: int) -> None:
-    """Inline: generate, in this thread, until the window has `chunks` chunks (its eval first). The
-    threaded worker produces on its own: nothing to do."""
-    if not self.inline or self._window is None:
+    """The trainer's step may now see `chunks` chunks. Inline: generate them, in this thread (the window's eval
+    first). Threaded: the worker produces on its own, `lookahead` chunks ahead of this when that is set."""
+    if not self.inline:
+      with self._visible:
+        self._chunks_visible = chunks
+        self._visible.notify_all()
+      return
+    if self._window is None:
       return
     w = self._window
     try:
       if self._next_chunk == 0 and w.evaluate:
-        self.stats.put((self.schedule.first_step(w.index), self.eval_fn(self.schedule.first_step(w.index))))
+        self.stats.put((w.first_step, self.eval_fn(w.first_step)))
       while self._next_chunk < min(chunks, self.schedule.num_chunks):
         self._next_chunk += 1
         self._checked_chunk(w, self._next_chunk - 1)
@@ -83,13 +98,23 @@ class RolloutWorker(threading.Thread):
     if self.inline:
       self._window, self._next_chunk = window, 0
       return
+    self._cut.clear()
+    with self._visible:
+      self._chunks_visible = 0
     self._done.clear()
     self._windows.put(window)
 
-  def wait_window(self) -> None:
+  def wait_window(self, cut: bool = False) -> None:
+    """Until the window's chunks are made; `cut`: the window ended early, so stop after the chunk being made
+    (what was generated beyond the trainer's last visible chunk is dropped with the buffer)."""
     if self.inline:
-      self.produce(self.schedule.num_chunks)
+      if not cut:
+        self.produce(self.schedule.num_chunks)
       self._window = None
+    if cut:
+      with self._visible:
+        self._cut.set()
+        self._visible.notify_all()
     self._done.wait()
     if self.error is not None:
       raise RuntimeError(f"the rollout worker failed: {self.error}") from self.error
@@ -109,10 +134,14 @@ class RolloutWorker(threading.Thread):
         self._done.set()
 
   def _run_window(self, w: Window) -> None:
-    first_step = self.schedule.first_step(w.index)
     if w.evaluate:
-      self.stats.put((first_step, self.eval_fn(first_step)))
+      self.stats.put((w.first_step, self.eval_fn(w.first_step)))
     for chunk in range(self.schedule.num_chunks):
+      if self.lookahead is not None:
+        with self._visible:
+          self._visible.wait_for(lambda c=chunk: self._cut.is_set() or c < self._chunks_visible + self.lookahead)
+      if self._cut.is_set():
+        return
       self._checked_chunk(w, chunk)
 
   def _checked_chunk(self, w: Window, chunk: int) -> None:
@@ -138,7 +167,7 @@ class RolloutWorker(threading.Thread):
     if groups.snapshot_version != w.version:
       raise RuntimeError(f"sampler is at version {groups.snapshot_version}, window expects {w.version}")
     self.buffer.add(groups, rewards_PxG)
-    self.stats.put((self.schedule.chunk_step(w.index, chunk), {
+    self.stats.put((w.chunk_step(chunk, self.schedule.steps_per_chunk), {
         "rollout/reward_mean": float(rewards_PxG.mean()),
         "rollout/frac_groups_all_equal_reward": float((rewards_PxG == rewards_PxG[:, :1]).all(-1).mean()),
         "rollout/response_length": float(groups.lengths.mean()),
@@ -146,5 +175,6 @@ class RolloutWorker(threading.Thread):
         "rollout/tokens_per_second": groups.tokens_per_second,
         "rollout/seconds": time.perf_counter() - start,
         "rollout/reward_failures": float(result.num_failed + result.num_timeout),
+        "rollout/generations": float(rewards_PxG.size),
         "rollout/snapshot_version": float(groups.snapshot_version),
     }))

@@ -34,12 +34,25 @@ class LoopConfig:
   steps_per_rollout: int = sections.rule(2, low=1)
   eval_every_syncs: int = sections.rule(1, low=1)
   sampler_delay_windows: int = sections.rule(0, low=0, high=1)
+  # Adaptive lag: a window ends (the sampler refreshes) after the step that follows one whose drift from the
+  # sampler, train/<drift_metric> on its batch, exceeded refresh_drift (read one step late, so the trainer
+  # never waits); sync_every stays the most steps a window lasts. 0 = off: every window is sync_every steps.
+  # The run's budget stays num_syncs x sync_every trainer steps, however many windows that takes.
+  refresh_drift: float = sections.rule(0.0, low=0)
+  drift_metric: str = sections.rule("seq_log_ratio_abs_mean",
+                                    choices=("seq_log_ratio_abs_mean", "token_log_ratio_abs_mean"))
 
   def __post_init__(self):
     sections.enforce(self)
+    if self.refresh_drift and self.sampler_delay_windows:
+      raise ValueError(f"loop.refresh_drift={self.refresh_drift}: an adaptive lag needs loop.sampler_delay_windows=0")
     if self.batch_prompts > self.prompts_per_rollout:
       raise ValueError(f"loop.batch_prompts={self.batch_prompts}: exceeds loop.prompts_per_rollout="
                        f"{self.prompts_per_rollout}: a step would need groups from chunks not yet visible")
+
+  @property
+  def total_steps(self) -> int:
+    return self.num_syncs * self.sync_every
 
   def schedule(self) -> "WindowSchedule":
     return WindowSchedule(self.sync_every, self.steps_per_rollout, self.prompts_per_rollout)
@@ -71,10 +84,6 @@ class WindowSchedule:
 
   def first_step(self, window: int) -> int:
     return window * self.sync_every
-
-  def chunk_step(self, window: int, chunk: int) -> int:
-    """The trainer step at which `chunk` of `window` becomes visible (for logging)."""
-    return self.first_step(window) + chunk * self.steps_per_chunk
 
   def chunk_position(self, window_position: int, chunk: int) -> int:
     """Data position of a chunk's first prompt, given the window's starting position."""
