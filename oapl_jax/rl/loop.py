@@ -65,6 +65,7 @@ class Run:
   score_old_policy: Any = None  # (params, chunk) -> per-token log-probs, for losses that read pi_old
   policy_eval: Any = None  # rl/policy_eval.PolicyEval: the current policy every eval.every_steps steps
   policy_params: Any = lambda state: state.params  # state -> the model's full params (LoRA: merged)
+  demo_mixer: Any = None  # rl/demo_mix.DemoMixer when loop.demo_fraction > 0
 
 
 def _score_new_chunks(run: Run, params, scored: int, visible: int) -> int:
@@ -115,7 +116,7 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
                          group_size=loop.group_size, seed=cfg.seed, eval_fn=lambda step: _evaluate(run, step),
                          monitors=run.monitor.config,
                          inline=rollouts_inline(run.sampler.layout) if inline_rollouts is None else inline_rollouts,
-                         lookahead=1 if loop.refresh_drift else None)
+                         lookahead=1 if loop.refresh_drift else None, demo_mixer=run.demo_mixer)
   worker.start()
   meta, state = run.meta, run.state
   first_sync, delayed = meta.syncs_done, None

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from oapl_jax.rl.buffer import RolloutBuffer
+from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.rl.monitors import MonitorConfig, check_reward_failures
 from oapl_jax.rl.schedule import WindowSchedule, prompt_order
 from oapl_jax.sampler import core, rollout
@@ -46,7 +47,8 @@ class RolloutWorker(threading.Thread):
 
   def __init__(self, sampler: core.Sampler, task: Task, buffer: RolloutBuffer, schedule: WindowSchedule,
                settings: SamplingSettings, *, group_size: int, seed: int, eval_fn: Callable[[int], dict],
-               monitors: MonitorConfig = MonitorConfig(), inline: bool = False, lookahead: Optional[int] = None):
+               monitors: MonitorConfig = MonitorConfig(), inline: bool = False, lookahead: Optional[int] = None,
+               demo_mixer: Optional[DemoMixer] = None):
     super().__init__(name="oapl-rollout-worker", daemon=True)
     self.sampler, self.task, self.buffer, self.schedule, self.settings = sampler, task, buffer, schedule, settings
     self.group_size, self.seed, self.eval_fn, self.monitors = group_size, seed, eval_fn, monitors
@@ -56,6 +58,7 @@ class RolloutWorker(threading.Thread):
     # threaded: generate chunk c only once c < (chunks the trainer may see) + lookahead; None: run ahead freely
     # (a window that may end early, loop.refresh_drift, then wastes at most `lookahead` chunks)
     self.lookahead, self._visible = lookahead, threading.Condition()
+    self.demo_mixer = demo_mixer  # loop.demo_fraction: demonstrations replace samples before scoring
     self._chunks_visible = 0
     self._done = threading.Event()
     self._done.set()
@@ -161,6 +164,9 @@ class RolloutWorker(threading.Thread):
         self.sampler, self.sampler.params, [p.prompt_tokens for p in problems], self.group_size, self.settings,
         seed=int(np.random.default_rng([self.seed, w.version, chunk]).integers(2**31)),
         prompt_ids=list(range(position, position + len(problems))))
+    demos = []
+    if self.demo_mixer is not None:
+      demos = self.demo_mixer.mix(self.sampler, groups, np.random.default_rng([self.seed, w.version, chunk, 1]))
     rewards_PxG, result = self.task.score_groups(problems, groups.response_tokens, groups.lengths)
     check_reward_failures(result.num_failed + result.num_timeout, rewards_PxG.size, self.monitors,
                           f"rewards of window {w.index}, chunk {chunk}")
@@ -175,6 +181,8 @@ class RolloutWorker(threading.Thread):
         "rollout/tokens_per_second": groups.tokens_per_second,
         "rollout/seconds": time.perf_counter() - start,
         "rollout/reward_failures": float(result.num_failed + result.num_timeout),
-        "rollout/generations": float(rewards_PxG.size),
+        "rollout/generations": float(rewards_PxG.size - len(demos)),
+        **({"rollout/demo_samples": float(len(demos)),
+            "rollout/demo_reward_mean": float(np.mean([rewards_PxG[p, g] for p, g in demos]))} if demos else {}),
         "rollout/snapshot_version": float(groups.snapshot_version),
     }))

@@ -42,6 +42,10 @@ class LoopConfig:
   drift_metric: str = sections.rule("seq_log_ratio_abs_mean",
                                     choices=("seq_log_ratio_abs_mean", "token_log_ratio_abs_mean"))
 
+  # demonstrations in the buffer (rl/demo_mix.py): round(demo_fraction x group_size) samples of every group whose
+  # prompt has task demonstrations are replaced by them (rewarded by the task; the snapshot's log-probs); 0 = off
+  demo_fraction: float = sections.rule(0.0, low=0, high=1, high_open=True)
+
   def __post_init__(self):
     sections.enforce(self)
     if self.refresh_drift and self.sampler_delay_windows:

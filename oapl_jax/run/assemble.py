@@ -27,6 +27,7 @@ from oapl_jax.models import factory
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl import loop, trainer, warmstart
 from oapl_jax.rl.buffer import RolloutBuffer, sequence_length
+from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.rl.monitors import HealthMonitor
 from oapl_jax.rl.policy_eval import PolicyEval
 from oapl_jax.run import check, schema
@@ -203,4 +204,14 @@ def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Ru
              parallel.process_rows(batch_sharding, rc.loop.batch_prompts), evaluate_params,
              old_policy_scorer(train_cfg, model, layouts.trainer, rc.loop.prompts_per_rollout),
              policy_eval(rc, task, sampler, model, seq, evaluate_params),
-             trainer.make_policy_params(train_cfg, model, layouts.trainer))
+             trainer.make_policy_params(train_cfg, model, layouts.trainer), demo_mixer(rc, task))
+
+
+def demo_mixer(rc: RunConfig, task: Task) -> Optional[DemoMixer]:
+  """Demonstrations in the buffer (loop.demo_fraction), from the task's demonstrations at the run's seed."""
+  if not rc.loop.demo_fraction:
+    return None
+  if task.demonstrations is None:
+    raise ValueError(f"loop.demo_fraction={rc.loop.demo_fraction}: task {task.name!r} has no demonstrations")
+  return DemoMixer.build(task.demonstrations(rc.seed), rc.loop.demo_fraction, rc.loop.group_size,
+                         rc.sampler.temperature, rc.sampler.max_new_tokens)

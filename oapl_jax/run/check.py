@@ -38,6 +38,14 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
   if rc.warmstart.steps and not getattr(rc.task, "has_demonstrations", True):
     p.add("warmstart.steps", rc.warmstart.steps, "a warm start needs task.demonstrations_path (records with "
           "task.prompt_key and task.completion_key)")
+  if rc.loop.demo_fraction:
+    if not getattr(rc.task, "has_demonstrations", True):
+      p.add("loop.demo_fraction", rc.loop.demo_fraction, "needs task demonstrations (task.demonstrations_path)")
+    if rc.sampler.top_p < 1 or rc.sampler.top_k > 0 or rc.sampler.temperature <= 0:
+      p.add("loop.demo_fraction", rc.loop.demo_fraction, "needs unfiltered rollouts (sampler.top_p=1, top_k=0, "
+            "temperature > 0): a demonstration's token outside the filter would have no sampler log-prob")
+    if rc.is_offline:
+      p.add("loop.demo_fraction", rc.loop.demo_fraction, "is not supported by the offline mode")
   if rc.trainer.lora.enabled and rc.is_offline:
     p.add("trainer.lora.rank", rc.trainer.lora.rank, "LoRA is not supported by the offline mode yet (its second "
           "stage rebuilds the trainer state from full params); set it to 0")

@@ -96,6 +96,17 @@ def prefill_fn(model: CausalLM, params, tokens_BxT, lengths_B) -> Prefix:
   return Prefix(cache, last_B, lengths_B)
 
 
+def score_fn(model: CausalLM, params, tokens_BxT, temperature):
+  """log softmax(logits / temperature) of each next token under the snapshot, float32 [B, T - 1]: the
+  sampler's own log-probs of given sequences (the same forward as prefill; no top-p / top-k filter)."""
+  B, T = tokens_BxT.shape
+  positions_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
+  hidden_BxTxE, _ = model.forward_with_cache(params, tokens_BxT, positions_BxT, model.init_cache(B, T))
+  z_BxTxV = model.logits(params, hidden_BxTxE[:, :-1]).astype(jnp.float32) / temperature
+  z_BxT = jnp.take_along_axis(z_BxTxV, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
+  return z_BxT - jax.nn.logsumexp(z_BxTxV, axis=-1)
+
+
 def insert_fn(model: CausalLM, prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2,
               max_new_M) -> DecodeState:
   """Rows `rows_M` of `prefix` start fresh samples in `slots_M`; slot index >= S is ignored (padding)."""
@@ -232,6 +243,7 @@ class Sampler:
 
     bind = lambda fn: functools.partial(fn, model)  # noqa: E731
     self._prefill = jax.jit(bind(prefill_fn), out_shardings=self.prefix_shardings)
+    self._score = jax.jit(bind(score_fn), out_shardings=repl)
     self._insert = jax.jit(bind(insert_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
     self._decode = jax.jit(bind(decode_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
     self._generate = jax.jit(bind(generate_fn), donate_argnums=(1,), out_shardings=(self.state_shardings, repl))
@@ -336,6 +348,21 @@ class Sampler:
     self._check_layout(params)
     with self.layout.context():
       return self._prefill(params, tokens, lengths_B)
+
+  def score(self, params, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+            temperature: float) -> list[np.ndarray]:
+    """The snapshot's per-token log-probs (float32, at `temperature`, unfiltered) of each response after its
+    prompt, e.g. a demonstration put into the buffer. Bucketed like prefill (powers of two)."""
+    if not responses or min(len(r) for r in responses) < 1 or temperature <= 0:
+      raise ValueError("score needs responses of >= 1 token and a temperature > 0")
+    sequences = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    tokens = np.zeros((pow2(len(sequences)), pow2(max(len(q) for q in sequences))), np.int32)
+    for i, q in enumerate(sequences):
+      tokens[i, :len(q)] = q
+    self._check_layout(params)
+    with self.layout.context():
+      logp_BxT = np.asarray(self._score(params, tokens, np.float32(temperature)))
+    return [logp_BxT[i, len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
 
   def insert(self, prefix: Prefix, state: DecodeState, slots, rows, keys, max_new=None) -> DecodeState:
     """Start samples: prefix row rows[i] -> slot slots[i] with base key keys[i]. Donates `state`."""
