@@ -107,14 +107,15 @@ def plot_curves(out: str, workdirs: dict[str, dict[int, str]]) -> str:
   return path
 
 
-def write_report(out: str, argv: list[str], finals: dict, rows: list[dict], metrics: list[str]) -> str:
+def write_report(out: str, argv: list[str], finals: dict, rows: list[dict], metrics: list[str], warm_line: str) -> str:
   lines = [f"# {os.path.basename(out)}", "", "Command: `python -m experiments.ab " + " ".join(map(shlex.quote, argv)) + "`",
-           "", "Per run (seed: " + ", ".join(metrics) + "):", "",
+           "", f"Seeds: {sorted(next(iter(finals.values())))}. " + warm_line, "",
            "| arm | overrides | " + " | ".join(f"mean {m}" for m in metrics) + " |", "|---|---|" + "---|" * len(metrics)]
   for arm, runs in finals.items():
     first = next(iter(runs.values()))
     means = [sum(value(f, m) for f in runs.values()) / len(runs) for m in metrics]
-    lines.append(f"| {arm} | `{first['overrides']}` | " + " | ".join(f"{x:.4g}" for x in means) + " |")
+    shown = {k: v for k, v in first["overrides"].items() if k != "seed"}
+    lines.append(f"| {arm} | `{shown}` | " + " | ".join(f"{x:.4g}" for x in means) + " |")
   lines += ["", "Paired by seed (arm minus reference):", "",
             "| arm - reference | metric | n | mean diff | 95% t-interval | sign-flip p | per-seed diffs |",
             "|---|---|---|---|---|---|---|"]
@@ -140,26 +141,28 @@ def main(argv=None) -> int:
   p.add_argument("--warm", default=os.path.join(plan.REPO, "runs", "ab", "warmstart"))
   p.add_argument("--metrics", default="test/pass@1,test/pass@8,generations,refreshes,wall_seconds")
   args = p.parse_args(argv)
-  out, warm = os.path.abspath(os.path.expanduser(args.out)), os.path.abspath(os.path.expanduser(args.warm))
+  out, warm_dir = os.path.abspath(os.path.expanduser(args.out)), os.path.abspath(os.path.expanduser(args.warm))
   shared = dict(parse_arm("shared " + " ".join(args.set))[1])
   arms = dict(parse_arm(a) for a in args.arm)
   seeds = [int(s) for s in args.seeds.split(",")]
   metrics = args.metrics.split(",")
-  claims.warm_start(plan.make_study(), TASK, warm)
+  warm = claims.warm_start(plan.make_study(), TASK, warm_dir)
   finals: dict = {arm: {} for arm in arms}
   workdirs: dict = {arm: {} for arm in arms}
   total, started = len(arms) * len(seeds), time.time()
   for i, (seed, arm) in enumerate((s, a) for s in seeds for a in arms):  # seed-major: a cut-short study stays paired
     workdir = os.path.join(out, "runs", arm, f"seed{seed}")
     workdirs[arm][seed] = workdir
-    finals[arm][seed] = run_one(args.config, {**shared, **arms[arm], "seed": seed}, warm, workdir)
+    finals[arm][seed] = run_one(args.config, {**shared, **arms[arm], "seed": seed}, warm_dir, workdir)
     done = time.time() - started
     print(f"[ab] {i + 1}/{total} {arm} seed {seed}: test pass@1 {value(finals[arm][seed], 'test/pass@1'):.4f}; "
           f"ETA {done / (i + 1) * (total - i - 1) / 60:.1f} min", flush=True)
   rows = compare(finals, metrics)
   results.write_json(os.path.join(out, "results.json"), {"arms": arms, "shared": shared, "finals": finals, "paired": rows})
   plot_curves(out, workdirs)
-  print(open(write_report(out, argv, finals, rows, metrics)).read())
+  warm_test = {name: m["pass@1"] for name, m in warm["test"].items()}
+  warm_line = f"The warm start every run starts from ({warm_dir}): test pass@1 {warm_test}."
+  print(open(write_report(out, argv, finals, rows, metrics, warm_line)).read())
   return 0
 
 

@@ -138,17 +138,26 @@ def create_train_state(config: TrainConfig, model: CausalLM, params, layout: Lay
   shardings = state_shardings(config, model, layout)
   full_sh = shardings.frozen if config.lora.enabled else shardings.params
   params = parallel.reshard(params, full_sh)
-  tx = make_optimizer(config.optim)
-
-  def init(params, rng):
-    params = jax.tree.map(lambda p: p.astype(model.config.jnp_param_dtype), params)
-    trainable, frozen = params, None
-    if config.lora.enabled:
-      trainable, frozen = lora.init_adapters(config.lora, model, params, rng), params
-    return TrainState(step=jnp.zeros((), jnp.int32), params=trainable, opt_state=tx.init(trainable), frozen=frozen)
-
   rng = jax.random.PRNGKey(0) if rng is None else rng
+  init = functools.partial(_init_state, config, model)
   return jax.jit(init, in_shardings=(full_sh, layout.replicated), out_shardings=shardings)(params, rng)
+
+
+def _init_state(config: TrainConfig, model: CausalLM, params, rng) -> TrainState:
+  params = jax.tree.map(lambda p: p.astype(model.config.jnp_param_dtype), params)
+  trainable, frozen = params, None
+  if config.lora.enabled:
+    trainable, frozen = lora.init_adapters(config.lora, model, params, rng), params
+  return TrainState(step=jnp.zeros((), jnp.int32), params=trainable,
+                    opt_state=make_optimizer(config.optim).init(trainable), frozen=frozen)
+
+
+def abstract_state(config: TrainConfig, model: CausalLM, layout: Layout) -> TrainState:
+  """The step-0 state as jax.ShapeDtypeStructs with its shardings (an ahead-of-time compile's input)."""
+  full = jax.eval_shape(lambda: nn.unbox(model.init_params(jax.random.PRNGKey(0))))
+  shapes = jax.eval_shape(functools.partial(_init_state, config, model), full, jax.random.PRNGKey(0))
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes,
+                      state_shardings(config, model, layout))
 
 
 def make_policy_params(config: TrainConfig, model: CausalLM, layout: Layout):
