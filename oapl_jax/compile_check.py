@@ -18,6 +18,8 @@ vocabulary chunks), so the step is also counted analytically, per optimizer step
   executed FLOPs = 3*F + F_layers*remat + F_vocab        with F = 2*N*tokens + 4*L*H*D*T^2*sequences:
     the forward, a backward of twice it, the layers' forward again under remat and the vocabulary
     chunks' again (always checkpointed); F counts the full T x T, as the reference attention computes.
+    remat_policy="save_dots_no_batch" keeps the weight matmuls (only attention is recomputed); with
+    mlp_chunks > 1 each MLP piece's forward runs once more, in its own backward.
 Step time at a stated MFU = model FLOPs / (chips * peak bf16 FLOP/s * MFU).
 """
 import contextlib
@@ -197,6 +199,7 @@ class Memory:
   xla_flops: float = float("nan")  # per device, loop bodies counted once
   error: str = ""  # why it did not compile (an out-of-memory error still sets total)
   seconds: float = 0.0  # to lower and compile
+  host_temp: int = 0  # temporaries in the host's pinned memory (remat_policy="offload_layer_input"), not HBM
 
 
 _OOM = re.compile(r"(?:HLO temporaries \(|Used )([\d.]+)([KMGT]?)\)? (?:exceeds available HBM|of [\d.]+[KMGT]? hbm)")
@@ -208,15 +211,16 @@ def required_bytes_from_error(message: str) -> Optional[int]:
   return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")) if m else None
 
 
-def compile_memory(build, context=None) -> Memory:
+def compile_memory(build, context=None, compiler_options: Optional[dict] = None) -> Memory:
   """Lower and compile `build()` = (jitted, abstract args); the program's per-device memory. A failure
-  is a finding: an out-of-memory one carries the total the compiler asked for, any other its message."""
+  is a finding: an out-of-memory one carries the total the compiler asked for, any other its message.
+  compiler_options: XLA debug options for this compile (e.g. {"xla_dump_to": dir}: benchmarks/memory_breakdown)."""
   start = time.perf_counter()
   try:
     with context or contextlib.nullcontext():
       jitted, args = build()
       lowered = jitted.lower(*args)
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # noqa: BLE001
     message = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]
     return Memory(total=required_bytes_from_error(str(e)) or 0, error=message, seconds=time.perf_counter() - start)
@@ -225,7 +229,7 @@ def compile_memory(build, context=None) -> Memory:
   parts = (m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes, m.temp_size_in_bytes,
            m.generated_code_size_in_bytes)
   return Memory(*parts, total=sum(parts) - 2 * parts[2], xla_flops=float(cost.get("flops", float("nan"))),
-                seconds=time.perf_counter() - start)
+                seconds=time.perf_counter() - start, host_temp=m.host_temp_size_in_bytes)
 
 
 def train_flops(model_config, sequences: int, seq_len: int) -> dict:
@@ -237,7 +241,9 @@ def train_flops(model_config, sequences: int, seq_len: int) -> dict:
   attention_fwd = 4 * L * H * D * T * T * sequences
   layers_fwd, vocab_fwd = 2 * layer_weights * tokens + attention_fwd, 2 * V * E * tokens
   model = 6 * (layer_weights + V * E) * tokens + 3 * attention_fwd
-  executed = 3 * (layers_fwd + vocab_fwd) + layers_fwd * bool(c.remat) + vocab_fwd
+  recomputed = (attention_fwd if c.remat_policy == "save_dots_no_batch" else layers_fwd) if c.remat else 0
+  mlp_fwd = 2 * L * 3 * E * F * tokens
+  executed = 3 * (layers_fwd + vocab_fwd) + recomputed + vocab_fwd + mlp_fwd * (c.mlp_chunks > 1)
   return {"model": float(model), "executed": float(executed), "tokens": tokens, "matmul_weights": layer_weights + V * E}
 
 
@@ -268,10 +274,11 @@ class Report:
 
 
 def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4, hbm_bytes: Optional[int] = None,
-          programs: Sequence[str] = PROGRAMS, num_layers: int = 0) -> Report:
+          programs: Sequence[str] = PROGRAMS, num_layers: int = 0, compiler_options: Optional[dict] = None) -> Report:
   """Compile `programs` of the run `cfg` describes for `topology`; per-device memory against HBM.
   seq_len: the trainer's T (default `seq_len_of(cfg)`); hbm_bytes: the chip's HBM unless given;
-  num_layers: > 0 compiles a model cut to that many layers (a probe, not the run)."""
+  num_layers: > 0 compiles a model cut to that many layers (a probe, not the run); compiler_options:
+  XLA debug options for every compile."""
   if set(programs) - set(PROGRAMS):
     raise ValueError(f"unknown programs {sorted(set(programs) - set(PROGRAMS))}; known: {PROGRAMS}")
   topo = parse_topology(topology)
@@ -298,7 +305,7 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       train_cfg = assemble.train_config(cfg)
       step = trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts)
       return step, train_inputs(train_cfg, model, placement.trainer, loop.batch_prompts, loop.group_size, T)
-    report("train_step", compile_memory(build_train_step))
+    report("train_step", compile_memory(build_train_step, compiler_options=compiler_options))
   sampler_programs = [name for name in PROGRAMS[1:] if name in programs]
   if sampler_programs:
     try:
@@ -306,7 +313,8 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       jitted = {"prefill": sampler._prefill, "insert": sampler._insert, "decode": sampler._decode}
       inputs = sampler_inputs(sampler, prefill_rows=core.pow2(-(-sampler.num_slots // loop.group_size)))
       for name in sampler_programs:
-        report(name, compile_memory(lambda name=name: (jitted[name], inputs[name]), sampler.layout.context()))
+        report(name, compile_memory(lambda name=name: (jitted[name], inputs[name]), sampler.layout.context(),
+                                    compiler_options))
     except Exception as e:  # noqa: BLE001 - e.g. a cache axis the sampler mesh cannot split
       for name in sampler_programs:
         report(name, Memory(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]))
@@ -345,4 +353,6 @@ def format_report(report: Report) -> str:
               f"executed {f['executed']:.3e}; XLA cost analysis {xla:.3e} (loop bodies counted once)",
               f"estimated step time at {100 * report.mfu:.0f}% MFU: {report.step_seconds:.2f} s "
               f"({f['tokens'] / report.step_seconds / report.trainer_devices:.0f} tokens/s/chip)"]
-  return "\n".join(lines + [f"note: {n}" for n in report.notes])
+  notes = report.notes + [f"{name} keeps {m.host_temp / GIB:.2f} GiB per chip in pinned host memory (not in total)"
+                          for name, m in report.programs.items() if m.host_temp]
+  return "\n".join(lines + [f"note: {n}" for n in notes])

@@ -125,6 +125,17 @@ def test_remat_adds_the_layers_forward_once():
   assert remat["executed"] - plain["executed"] == layers_forward and remat["model"] == plain["model"]
 
 
+def test_remat_policy_and_mlp_pieces_change_only_the_executed_count():
+  c = cc._model(schema.from_config(tiny_config())).config.replace(num_layers=3, remat=True)
+  full, dots, pieces = (cc.train_flops(c.replace(**kw), 10, 100) for kw in (
+      {}, {"remat_policy": "save_dots_no_batch"}, {"mlp_chunks": 2}))
+  weight_matmuls = 3 * 2 * (2 * 4 * 64 * 256 + 2 * 2 * 64 * 256 + 3 * 256 * 1024) * 1000  # not recomputed
+  mlp_forward = 3 * 2 * 3 * 256 * 1024 * 1000  # each piece's forward again, in its backward
+  assert full["executed"] - dots["executed"] == weight_matmuls
+  assert pieces["executed"] - full["executed"] == mlp_forward
+  assert full["model"] == dots["model"] == pieces["model"]
+
+
 def test_tiny_hbm_is_reported_as_a_misfit_and_the_cli_exits_nonzero():
   cmd = [sys.executable, "-m", "oapl_jax.apps.compile_check", "--config", "configs/arithmetic.py", "--topology", "v5e-8",
          "--programs=prefill", "--hbm_gib=0.000001"]

@@ -7,6 +7,7 @@ from oapl_jax import sections
 from oapl_jax.models.attention import IMPLEMENTATIONS
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT_POLICIES = ("full", "offload_layer_input", "save_dots_no_batch")  # models/qwen.py remat_policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,6 +17,13 @@ class Execution:
   param_dtype: str = sections.rule("float32", choices=tuple(_DTYPES))  # master weights
   dtype: str = sections.rule("float32", choices=tuple(_DTYPES))  # compute dtype
   remat: bool = False  # rematerialise each layer in the backward pass
+  # What a rematerialised layer keeps for its backward (with remat only): "full" keeps its input (the scan stacks
+  # it, [layers, B, T, E]) and recomputes the rest; "offload_layer_input" moves that stack to pinned host memory
+  # (TPU/GPU; the transfers overlap the layers); "save_dots_no_batch" also keeps its weight matmuls' outputs.
+  remat_policy: str = sections.rule("full", choices=REMAT_POLICIES)
+  # the MLP runs over the positions in this many pieces, each rematerialised in its own backward: one piece's
+  # [B, T / pieces, intermediate] temporaries alive instead of the whole [B, T, intermediate] (1: unchunked)
+  mlp_chunks: int = sections.rule(1, low=1)
   # tokens (rows x positions) per row shard in one chunk of the vocabulary projection: one float32
   # [tokens, vocab] block is alive per device, forward or backward, however many rows a batch has
   logprob_chunk_tokens: int = sections.rule(512, low=1)

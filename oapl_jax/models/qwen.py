@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from oapl_jax import parallel
 from oapl_jax.models.attention import attend
@@ -203,16 +204,44 @@ class Attention(nn.Module):
     return _dense(c.hidden_size, ("q_heads", "head_dim", "embed"), c, "o_proj", in_axes=(-2, -1))(out_BxTxHxD)
 
 
+def _mlp(c: QwenConfig, x_BxTxE):
+  """The gated MLP's projections, as submodules of the compact module calling this."""
+  gate = _dense(c.intermediate_size, ("embed", "mlp"), c, "gate_proj")(x_BxTxE)
+  up = _dense(c.intermediate_size, ("embed", "mlp"), c, "up_proj")(x_BxTxE)
+  h = _constrain(nn.silu(gate) * up, ("activation_batch", "activation_length", "activation_mlp"))
+  return _dense(c.hidden_size, ("mlp", "embed"), c, "down_proj")(h)
+
+
 class MLP(nn.Module):
   config: QwenConfig
 
   @nn.compact
   def __call__(self, x_BxTxE):
-    c = self.config
-    gate = _dense(c.intermediate_size, ("embed", "mlp"), c, "gate_proj")(x_BxTxE)
-    up = _dense(c.intermediate_size, ("embed", "mlp"), c, "up_proj")(x_BxTxE)
-    h = _constrain(nn.silu(gate) * up, ("activation_batch", "activation_length", "activation_mlp"))
-    return _dense(c.hidden_size, ("mlp", "embed"), c, "down_proj")(h)
+    return _mlp(self.config, x_BxTxE)
+
+
+class MLPPiece(nn.Module):
+  """The MLP as nn.scan's body over pieces of positions: (carry, x [B, C, E]) -> (carry, [B, C, E])."""
+  config: QwenConfig
+
+  @nn.compact
+  def __call__(self, carry, x_BxCxE):
+    return carry, _mlp(self.config, x_BxCxE)
+
+
+def mlp_over_pieces(c: QwenConfig, x_BxTxE, name: str = "mlp"):
+  """The MLP over `c.mlp_chunks` pieces of the positions, each rematerialised (call inside a compact method).
+  Same parameters (broadcast to every piece) as MLP(c, name=name); padded positions are cut off."""
+  B, T, E = x_BxTxE.shape
+  n = min(c.mlp_chunks, T)
+  if n == 1:
+    return MLP(c, name=name)(x_BxTxE)
+  C = -(-T // n)
+  x_BxNxCxE = jnp.pad(x_BxTxE, ((0, 0), (0, n * C - T), (0, 0))).reshape(B, n, C, E)
+  pieces = nn.scan(nn.remat(MLPPiece, prevent_cse=False), variable_broadcast="params", split_rngs={"params": False},
+                   in_axes=1, out_axes=1, length=n)
+  _, out_BxNxCxE = pieces(c, name=name)(None, x_BxNxCxE)
+  return out_BxNxCxE.reshape(B, n * C, E)[:, :T]
 
 
 class DecoderLayer(nn.Module):
@@ -223,13 +252,26 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x_BxTxE, positions_BxT, rot: Rotary, key_mask_BxS=None, layer_cache=None):
     c = self.config
+    x_BxTxE = checkpoint_name(x_BxTxE, "layer_input")  # what remat_policy="offload_layer_input" moves to host
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
     attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, rot, key_mask_BxS, layer_cache)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
-    x_BxTxE = x_BxTxE + MLP(c, name="mlp")(h)
+    x_BxTxE = x_BxTxE + mlp_over_pieces(c, h)
     x_BxTxE = _constrain(x_BxTxE, ("activation_batch", "activation_length", "activation_embed"))
     return x_BxTxE, layer_cache
+
+
+def remat_policy(name: str):
+  """Execution.remat_policy -> the jax.checkpoint policy of a rematerialised DecoderLayer (None: save nothing)."""
+  if name == "offload_layer_input":
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["layer_input"], offload_src="device",
+        offload_dst="pinned_host")
+  policies = {"full": None, "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+  if name not in policies:
+    raise ValueError(f"remat_policy={name!r}: known policies are {sorted(policies) + ['offload_layer_input']}")
+  return policies[name]
 
 
 class Qwen(nn.Module):
@@ -242,7 +284,7 @@ class Qwen(nn.Module):
     c = self.config
     self.embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype,
                           embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
-    layer = nn.remat(DecoderLayer, prevent_cse=False) if c.remat else DecoderLayer
+    layer = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(c.remat_policy)) if c.remat else DecoderLayer
     self.layers = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                           in_axes=(nn.broadcast,) * 3, length=c.num_layers,
                           metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
