@@ -7,8 +7,9 @@ same RL seeds, compared by seed (the first arm is the reference; every other arm
 Each arm is 'NAME [dotted.key=value ...]' on top of --config (default: the claims study's task A, configs/claims.py,
 200 steps of 8 prompts x 8 at lag 50) and --set overrides shared by every arm. The warm start is the claims
 study's own (experiments/claims.warm_start: 1000 supervised steps on the slipping teacher), made once into
---warm. Per run: final test pass@k (the study's test eval, same seed for every arm), generations made, sampler
-refreshes, trainer steps, wall time; then the paired differences with 95% t-intervals and exact sign-flip p
+--warm. Per run: final test pass@k (the study's test eval, same seed for every arm), generations the sampler
+made (rollout/generations: demonstrations put into the buffer are none; chunks made ahead and dropped at an early
+refresh count), sampler refreshes, trainer steps, wall time; then the paired differences with 95% t-intervals and exact sign-flip p
 (experiments/paired_stats.py), report.md, results.json and curves.png (the current policy's validation pass@1).
 Runs are resumable: a finished run's final.json is reused.
 """
@@ -50,9 +51,8 @@ def run_one(config: str, overrides: dict, warm_dir: str, workdir: str) -> dict:
   _, tests = claims.task_and_tests(rc.task)
   samples, ks = claims.FINAL_SAMPLES[TASK]
   params = run.sampler.prepare(run.policy_params(run.state))
-  chunks = sum("rollout/reward_mean" in h for h in history)
   final = {"overrides": overrides, "trainer_steps": summary["trainer_steps"],
-           "generations": chunks * rc.loop.prompts_per_rollout * rc.loop.group_size,
+           "generations": sum(h.get("rollout/generations", 0.0) for h in history),
            "refreshes": sum("sampler/refresh_seconds" in h for h in history),
            "test": {name: evaluation.evaluate(run.sampler, params, run.task, problems, samples=samples, ks=ks,
                                               settings=run.eval_settings,
