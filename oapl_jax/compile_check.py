@@ -40,7 +40,6 @@ import numpy as np
 from oapl_jax import parallel
 from oapl_jax.models import api, factory
 from oapl_jax.rl import trainer
-from oapl_jax.rl.optim import make_optimizer
 from oapl_jax.run import assemble, schema
 from oapl_jax.sampler import core
 
@@ -154,11 +153,7 @@ def _abstract_params(model, shardings):
 
 def train_inputs(train_cfg, model, layout: parallel.Layout, batch_prompts: int, group_size: int, seq_len: int):
   """Abstract (state, batch, rng) of the train step: the buffer's packed [B, G, T] batch."""
-  shardings = trainer.state_shardings(train_cfg, model, layout)
-  params = _abstract_params(model, shardings.params)
-  tx = make_optimizer(train_cfg.optim)
-  state = trainer.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32, sharding=shardings.step), params=params,
-                             opt_state=_abstract(jax.eval_shape(tx.init, params), shardings.opt_state))
+  state = trainer.abstract_state(train_cfg, model, layout)
   batch_sh, shape = trainer.batch_sharding(layout, batch_prompts), (batch_prompts, group_size, seq_len)
   batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh) for name, dtype in (
       ("tokens", jnp.int32), ("targets", jnp.int32), ("positions", jnp.int32), ("response_mask", jnp.float32),
