@@ -149,14 +149,15 @@ def main(argv=None) -> int:
   warm = claims.warm_start(plan.make_study(), TASK, warm_dir)
   finals: dict = {arm: {} for arm in arms}
   workdirs: dict = {arm: {} for arm in arms}
-  total, started = len(arms) * len(seeds), time.time()
+  total, started, ran = len(arms) * len(seeds), time.time(), 0
   for i, (seed, arm) in enumerate((s, a) for s in seeds for a in arms):  # seed-major: a cut-short study stays paired
     workdir = os.path.join(out, "runs", arm, f"seed{seed}")
     workdirs[arm][seed] = workdir
+    ran += results.read_json(os.path.join(workdir, "final.json")) is None
     finals[arm][seed] = run_one(args.config, {**shared, **arms[arm], "seed": seed}, warm_dir, workdir)
-    done = time.time() - started
+    eta = (time.time() - started) / max(ran, 1) * (total - i - 1)  # from the runs made here, not the reused
     print(f"[ab] {i + 1}/{total} {arm} seed {seed}: test pass@1 {value(finals[arm][seed], 'test/pass@1'):.4f}; "
-          f"ETA {done / (i + 1) * (total - i - 1) / 60:.1f} min", flush=True)
+          f"ETA {eta / 60:.1f} min", flush=True)
   rows = compare(finals, metrics)
   results.write_json(os.path.join(out, "results.json"), {"arms": arms, "shared": shared, "finals": finals, "paired": rows})
   plot_curves(out, workdirs)
