@@ -142,3 +142,22 @@ def test_lora_run_saves_only_adapters_resumes_exactly_and_exports_merged(tmp_pat
 
   weights = export.read_params(full)  # what export, eval and serve read: merged, plain model params
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), weights.params, final_policy)
+
+
+@pytest.mark.parametrize("execution", [{}, {"remat": True, "mlp_chunks": 2}])
+def test_in_layer_adapters_give_the_merged_models_log_probs(execution):
+  settings = lora.LoraSettings(rank=3, alpha=6.0, targets=lora.PROJECTIONS)
+  config = QwenConfig.tiny().replace(**execution)
+  model = api.for_config(config)
+  params = qwen.init_params(config, jax.random.PRNGKey(0))
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  params = nn.unbox(params)
+  adapters = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(x.size), x.shape) * 0.05,
+                          lora.init_adapters(settings, model, params, jax.random.PRNGKey(1)))  # B != 0
+  batch = train_bench.make_batch(2, 2, 10, config.vocab_size, seed=2, prompt_len=3, min_response=1)
+  tokens, targets = batch["tokens"].reshape(4, 10), batch["targets"].reshape(4, 10)
+  in_layer = model.token_logprobs(params, tokens, targets, temperature=0.7, lora=lora.scaled(settings, adapters))
+  merged = model.token_logprobs(lora.merge(settings, model, params, adapters), tokens, targets, temperature=0.7)
+  plain = model.token_logprobs(params, tokens, targets, temperature=0.7)
+  np.testing.assert_allclose(np.asarray(in_layer), np.asarray(merged), atol=2e-5, rtol=0)
+  assert float(jnp.abs(in_layer - plain).max()) > 1e-2  # the adapters do act

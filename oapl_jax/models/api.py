@@ -42,8 +42,9 @@ class CausalLM(Protocol):
 
   # ---- training
   def token_logprobs(self, params: Params, tokens_BxT, targets_BxT, positions_BxT=None, *,
-                     temperature: float = 1.0, with_entropy: bool = False):
-    """log softmax(logits / temperature)[target] per position, float32 [B, T] (and entropies)."""
+                     temperature: float = 1.0, with_entropy: bool = False, lora: Params = None):
+    """log softmax(logits / temperature)[target] per position, float32 [B, T] (and entropies). `lora`: LoRA
+    adapters (models/lora.py's tree, B scaled by alpha / rank) applied inside the layers as x·A·B."""
 
   # ---- sampling: a decode layout of the params and a KV cache
   def decode_params(self, params: Params) -> Params:

@@ -3,12 +3,14 @@
     settings = LoraSettings(rank=8, alpha=16, targets=("q_proj", "v_proj"))
     adapters = init_adapters(settings, model, params, rng)   # {"layers": {"attn": {"q_proj": {"lora_a", "lora_b"}}}}
     merged = merge(settings, model, params, adapters)         # W + (alpha / rank) * A @ B; the params' own tree
+    logp = model.token_logprobs(params, ..., lora=scaled(settings, adapters))   # the same, in-layer (training)
 
 A kernel is [lead..., in..., out...] (lead: the scanned 'layers' axis); its adapter is A [lead..., in..., r]
 and B [lead..., r, out...], found from the kernel's logical axis names and the family's
 `lora_inputs()` (which names are a projection's input axes). peft's convention: A ~ U(+-1/sqrt(fan_in)),
 B = 0, so the merged weights equal the base at step 0; scale = alpha / rank. The trainer holds the base
-frozen and optimizes only the adapters; the sampler's snapshot is the merged tree, so its lag is exact.
+frozen and optimizes only the adapters, applied inside the layers (x·W + x·A·B: no merged weights or
+full-size weight gradient); the sampler's snapshot is the merged tree, so its lag is exact.
 """
 import dataclasses
 import math
@@ -124,6 +126,13 @@ def delta(settings: LoraSettings, a, b, lead: int, n_in: int):
   a2 = a.astype(jnp.float32).reshape(*lead_shape, math.prod(in_shape), settings.rank)
   b2 = b.astype(jnp.float32).reshape(*lead_shape, settings.rank, math.prod(out_shape))
   return (settings.scale * jnp.matmul(a2, b2)).reshape(*lead_shape, *in_shape, *out_shape)
+
+
+def scaled(settings: LoraSettings, adapters) -> dict:
+  """The adapters with B multiplied by alpha / rank: what the model applies in-layer (CausalLM.token_logprobs'
+  `lora`), so x·A·B there equals x·(merged W - W)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: x * settings.scale if path[-1].key == "lora_b" else x, adapters)
 
 
 def merge(settings: LoraSettings, model, params, adapters) -> Any:

@@ -120,8 +120,26 @@ def rope(x_BxTxHxD, rot: Rotary):
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+class Projection(nn.DenseGeneral):
+  """nn.DenseGeneral (the same 'kernel' / 'bias' params), plus x·A·B when the 'lora' collection holds adapters
+  for this module (models/lora.py's tree, B already scaled by alpha / rank): LoRA inside the layer, so neither
+  merged weights nor their full-size gradient are ever materialized."""
+
+  @nn.compact
+  def __call__(self, inputs):
+    y = nn.DenseGeneral.__call__(self, inputs)
+    if not self.has_variable("lora", "lora_a"):
+      return y
+    a = self.get_variable("lora", "lora_a").astype(self.dtype)
+    b = self.get_variable("lora", "lora_b").astype(self.dtype)
+    n_in = a.ndim - 1
+    z = jnp.tensordot(inputs.astype(self.dtype), a, axes=(tuple(range(inputs.ndim - n_in, inputs.ndim)),
+                                                          tuple(range(n_in))))
+    return y + jnp.tensordot(z, b, axes=1).astype(y.dtype)
+
+
 def _dense(features, axes, config, name, bias=False, in_axes=-1):
-  return nn.DenseGeneral(
+  return Projection(
       features, axis=in_axes, use_bias=bias, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype,
       kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
@@ -238,7 +256,8 @@ def mlp_over_pieces(c: QwenConfig, x_BxTxE, name: str = "mlp"):
     return MLP(c, name=name)(x_BxTxE)
   C = -(-T // n)
   x_BxNxCxE = jnp.pad(x_BxTxE, ((0, 0), (0, n * C - T), (0, 0))).reshape(B, n, C, E)
-  pieces = nn.scan(nn.remat(MLPPiece, prevent_cse=False), variable_broadcast="params", split_rngs={"params": False},
+  pieces = nn.scan(nn.remat(MLPPiece, prevent_cse=False), variable_broadcast=["params", "lora"],
+                   split_rngs={"params": False},
                    in_axes=1, out_axes=1, length=n)
   _, out_BxNxCxE = pieces(c, name=name)(None, x_BxNxCxE)
   return out_BxNxCxE.reshape(B, n * C, E)[:, :T]
@@ -285,7 +304,7 @@ class Qwen(nn.Module):
     self.embed = nn.Embed(c.vocab_size, c.hidden_size, dtype=c.jnp_dtype, param_dtype=c.jnp_param_dtype,
                           embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
     layer = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(c.remat_policy)) if c.remat else DecoderLayer
-    self.layers = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+    self.layers = nn.scan(layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
                           in_axes=(nn.broadcast,) * 3, length=c.num_layers,
                           metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
     self.final_norm = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype)
@@ -371,16 +390,18 @@ def _chunk_shape(B: int, T: int, budget: int, shards: int) -> tuple[int, int]:
 
 
 def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, positions_BxT=None, *,
-                   key_mask_BxS=None, temperature: float = 1.0, with_entropy: bool = False):
+                   key_mask_BxS=None, temperature: float = 1.0, with_entropy: bool = False, lora=None):
   """log softmax(logits / temperature)[target] per position, float32 [B, T].
 
   The vocabulary projection runs over chunks of at most `config.logprob_chunk_tokens` tokens per
   row shard (rows and positions both chunked; the rows' sharding kept) under `jax.checkpoint`, so
   at most one float32 [chunk tokens, V] block is alive per device, forward or backward, however
-  many rows the batch has. With `with_entropy`, also returns the per-position entropy.
+  many rows the batch has. With `with_entropy`, also returns the per-position entropy. `lora`: adapters applied
+  inside the layers (see Projection), B pre-scaled; None for the plain model.
   """
   model = Qwen(config)
-  hidden_BxTxE = model.apply({"params": params}, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
+  variables = {"params": params} if lora is None else {"params": params, "lora": lora}
+  hidden_BxTxE = model.apply(variables, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
   B, T, E = hidden_BxTxE.shape
   ctx = parallel.current_context()
   shards = parallel.axis_size(*ctx, "activation_batch") if ctx else 1
@@ -457,9 +478,9 @@ class QwenLM:
             "o_proj": ("q_heads", "head_dim"), "down_proj": ("mlp",)}
 
   def token_logprobs(self, params, tokens_BxT, targets_BxT, positions_BxT=None, *, temperature: float = 1.0,
-                     with_entropy: bool = False):
+                     with_entropy: bool = False, lora=None):
     return token_logprobs(params, self.config, tokens_BxT, targets_BxT, positions_BxT, temperature=temperature,
-                          with_entropy=with_entropy)
+                          with_entropy=with_entropy, lora=lora)
 
   decode_params = staticmethod(unstack_layers)
   is_decode_layout = staticmethod(is_per_layer)

@@ -170,21 +170,23 @@ def make_policy_params(config: TrainConfig, model: CausalLM, layout: Layout):
 
 
 # ------------------------------------------------------------------------------ loss
-def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, with_entropy: bool):
-  """Policy per-token log-probs [B,G,T] (and entropies) at the sampler's temperature."""
-  params = jax.tree.map(lambda p: p.astype(model.config.jnp_dtype), params)  # master -> compute dtype
+def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, with_entropy: bool, lora=None):
+  """Policy per-token log-probs [B,G,T] (and entropies) at the sampler's temperature; `lora`: scaled adapters
+  the model applies in-layer on top of `params` (the frozen base)."""
+  params, lora = jax.tree.map(lambda p: p.astype(model.config.jnp_dtype), (params, lora))  # master -> compute dtype
   B, G, T = batch["tokens"].shape
   # Sequences, not prompts, over the data axes: a micro-batch of one prompt x G samples still
   # spreads over G devices. Per-prompt quantities (V*) are computed after the reshape back.
   flat = lambda x: parallel.constrain_where_divisible(x.reshape(B * G, T), ("batch", None))  # noqa: E731
   out = model.token_logprobs(params, flat(batch["tokens"]), flat(batch["targets"]), flat(batch["positions"]),
-                             temperature=config.temperature, with_entropy=with_entropy)
+                             temperature=config.temperature, with_entropy=with_entropy,
+                             **({} if lora is None else {"lora": lora}))
   return jax.tree.map(lambda x: x.reshape(B, G, T), out)
 
 
-def _loss_and_sums(config: TrainConfig, model: CausalLM, params, batch: Batch):
+def _loss_and_sums(config: TrainConfig, model: CausalLM, params, batch: Batch, lora=None):
   """(loss, (loss metrics, additive token/sequence sums)) for one (micro-)batch."""
-  logp_BxGxT, entropy_BxGxT = _policy_logp(config, model, params, batch, with_entropy=True)
+  logp_BxGxT, entropy_BxGxT = _policy_logp(config, model, params, batch, with_entropy=True, lora=lora)
   loss, loss_metrics = objectives.compute_loss(config.loss, logp_BxGxT, batch, config.loss_settings)
 
   mask_BxGxT = batch["response_mask"].astype(bool)
@@ -273,7 +275,9 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
   schedule = make_schedule(config.optim)
   state_sh = state_shardings(config, model, layout)
   def loss_of(trainable, frozen, batch: Batch):
-    return _loss_and_sums(config, model, policy_params(config, model, trainable, frozen), batch)
+    if config.lora.enabled:  # in-layer x·A·B on the frozen base (the sampler gets the merged weights)
+      return _loss_and_sums(config, model, frozen, batch, lora=lora.scaled(config.lora, trainable))
+    return _loss_and_sums(config, model, trainable, batch)
   grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
   def train_step(state: TrainState, batch: Batch, rng: jax.Array):
