@@ -36,7 +36,7 @@ def records_task(train_path: str, eval_paths: dict, reward: str = "exact_match",
 
 def shrink_for_cpu(c: ConfigDict) -> None:
   """The same pipeline at toy size: one window of two trainer steps, float32, a few short rollouts."""
-  c.model.update(dtype="float32", remat=False)
+  c.model.update(dtype="float32", remat=False, remat_policy="full")
   c.task.update(reward_workers=1, max_train=8)
   c.trainer.micro_batches = 1
   c.sampler.update(num_slots=8, max_prefill_length=256, max_new_tokens=8, dtype="float32", steps_per_sync=4)

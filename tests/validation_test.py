@@ -329,3 +329,9 @@ def test_code_synthetic_task_fields_are_checked(field, value, message):
   with pytest.raises(ConfigError) as info:
     check.validate(cfg)
   assert [p for p in info.value.problems if p.startswith(message)], info.value.problems
+
+
+def test_a_remat_policy_without_remat_is_a_warning():
+  assert check.validate(config_with({"model.remat_policy": "offload_layer_input"})) == [
+      "model.remat_policy='offload_layer_input' has no effect with model.remat=False"]
+  assert check.validate(config_with({"model.remat_policy": "offload_layer_input", "model.remat": True})) == []

@@ -49,6 +49,8 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
   if rc.trainer.lora.enabled and rc.is_offline:
     p.add("trainer.lora.rank", rc.trainer.lora.rank, "LoRA is not supported by the offline mode yet (its second "
           "stage rebuilds the trainer state from full params); set it to 0")
+  if rc.model.remat_policy != "full" and not rc.model.remat:
+    p.warnings.append(f"model.remat_policy={rc.model.remat_policy!r} has no effect with model.remat=False")
   for where, optim in (("trainer", rc.trainer.optim), ("warmstart", rc.warmstart.optim)):
     if optim.lr > LARGE_LR:
       p.warnings.append(f"{where}.optim.lr={optim.lr}: unusually large for AdamW (typical 1e-6 .. 1e-3); "
