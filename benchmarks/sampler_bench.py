@@ -2,13 +2,16 @@
 
     python -m benchmarks.sampler_bench                 # batch 1, 16, 64; 128 new tokens
     python -m benchmarks.sampler_bench --batches 64 --new_tokens 256 --repeats 11
+    python -m benchmarks.sampler_bench --width qwen3_0p6b --layers 4 --batches 64 --repeats 3   # real width
 
 Both sample at temperature 1 (top-p 1, no top-k), never stop early, and are warmed up first: the
 printed tokens/s exclude compilation (JAX's compile + first run is reported separately). The two
 runs alternate, each side's median time over --repeats runs gives its tokens/s, and the ratio is
 the median of the per-pair ratios (a pair runs back to back, so drifts in machine load, which
 move both sides, mostly cancel). Also prints the wall time of a snapshot refresh (trainer f32
-params -> sampler mesh, f32 and bf16).
+params -> sampler mesh, f32 and bf16). Each side's rate is also given as a fraction of this CPU's measured
+compute ceiling (benchmarks/ceiling.py, the best f32 matmul rate of either library): decode FLOPs (2 x matmul
+weights + attention over the tokens so far, per generated token) per second over the ceiling.
 A benchmark, not a test.
 """
 import argparse
@@ -22,6 +25,8 @@ import numpy as np
 import torch
 import transformers
 
+from benchmarks import ceiling, train_bench
+from oapl_jax import compile_check
 from oapl_jax.models import api, hf
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
@@ -30,9 +35,10 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
             num_key_value_heads=2, head_dim=16, rope_theta=10000.0)
 
 
-def make_checkpoint(path: str, seed: int = 0) -> transformers.PreTrainedModel:
+def make_checkpoint(path: str, seed: int = 0, hf_config=None) -> transformers.PreTrainedModel:
+  """A random checkpoint (the tiny default, or `hf_config`), its weights spread so sampling is not uniform."""
   torch.manual_seed(seed)
-  model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**TINY))
+  model = transformers.Qwen3ForCausalLM(hf_config or transformers.Qwen3Config(**TINY))
   with torch.no_grad():
     for p in model.parameters():
       p.add_(0.05 * torch.randn_like(p))
@@ -94,18 +100,31 @@ def main(argv=None):
   ap.add_argument("--prompt_length", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=7)
   ap.add_argument("--steps_per_sync", type=int, default=16)
+  ap.add_argument("--width", choices=["tiny", *sorted(set(train_bench.WIDTHS) - {"tiny"})], default="tiny")
+  ap.add_argument("--layers", type=int, default=2)
   args = ap.parse_args(argv)
 
+  hf_cfg = None if args.width == "tiny" else train_bench.hf_config(args.width, args.layers)
   with tempfile.TemporaryDirectory() as tmp:
-    torch_model = make_checkpoint(tmp)
+    torch_model = make_checkpoint(tmp, hf_config=hf_cfg)
     config, params = hf.load(tmp)
   model = api.for_config(config)
+  peak = ceiling.measure(repeats=3)
+  top = max(peak["jax"], peak["torch"])
+  # FLOPs per generated token: every matmul weight once (x2), attention over the mean context (QK and PV, x4).
+  context = args.prompt_length + (args.new_tokens + 1) / 2
+  flops_per_token = 2 * compile_check.train_flops(config, 1, 1)["matmul_weights"] + \
+      4 * config.num_layers * config.num_heads * config.head_dim * context
   print(f"devices: {jax.devices()}  torch threads: {torch.get_num_threads()}  cpu count: {os.cpu_count()}")
-  print(f"tiny Qwen3 {TINY}; prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, temperature 1")
-  print(f"{'batch':>5} {'ours tok/s':>11} {'hf tok/s':>10} {'ratio':>7} {'ours compile+1st run s':>23}")
+  print(f"{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}; prompt {args.prompt_length} "
+        f"tokens, {args.new_tokens} new tokens, temperature 1; {flops_per_token / 1e6:.2f} MFLOP per token")
+  print(f"compute ceiling (best f32 matmul here): jax {peak['jax']:.1f}, torch {peak['torch']:.1f} GFLOP/s; "
+        f"'% ceil' = decode FLOPs per second over the higher")
+  print(f"{'batch':>5} {'ours tok/s':>11} {'hf tok/s':>10} {'ratio':>7} {'ours % ceil':>12} {'hf % ceil':>10} "
+        f"{'ours compile+1st run s':>23}")
   rng = np.random.RandomState(0)
   for batch in args.batches:
-    prompts = rng.randint(0, TINY["vocab_size"], (batch, args.prompt_length)).tolist()
+    prompts = rng.randint(0, config.vocab_size, (batch, args.prompt_length)).tolist()
     sampler = core.Sampler(model, num_slots=batch, max_prefill_length=max(16, args.prompt_length),
                            max_new_tokens=args.new_tokens)
     sampler.refresh(params)
@@ -113,7 +132,9 @@ def main(argv=None):
         ours_runner(sampler, prompts, args.new_tokens, args.steps_per_sync),
         hf_runner(torch_model, prompts, args.new_tokens), args.repeats)
     ours, theirs = batch * args.new_tokens / ours_s, batch * args.new_tokens / theirs_s
-    print(f"{batch:>5} {ours:>11.0f} {theirs:>10.0f} {speedup:>6.1f}x {compile_s:>23.2f}")
+    fraction = lambda tokens_per_s: flops_per_token * tokens_per_s / 1e9 / top  # noqa: E731
+    print(f"{batch:>5} {ours:>11.0f} {theirs:>10.0f} {speedup:>6.2f}x {fraction(ours):>12.1%} "
+          f"{fraction(theirs):>10.1%} {compile_s:>23.2f}")
   for dtype in ("float32", "bfloat16"):
     ms = 1e3 * time_refresh(model, params, dtype)
     print(f"snapshot refresh (f32 trainer params -> {dtype} sampler): {ms:.2f} ms")

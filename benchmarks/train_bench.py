@@ -3,12 +3,18 @@
     python -m benchmarks.train_bench                 # B=8 prompts x G=8, T=128, tiny Qwen3
     python -m benchmarks.train_bench --batch 4 --seq_len 256 --rounds 5
     python -m benchmarks.train_bench --single_thread   # both on one CPU thread (busy machines)
+    python -m benchmarks.train_bench --width qwen3_0p6b --layers 4 --batch 2 --group 4 --seq_len 256 --rounds 3 --steps 1
+                                                       # real width: Qwen3-0.6B's, vocab 151,936, 4 layers
+    ... --keep_logits                                  # the backward reuses the logits (logprob_recompute=False)
 
 Both sides start from the same tiny random Qwen3 checkpoint (written with transformers) and run
 the same batch: policy log-probs at the sampler temperature, the OAPL loss (Eq. 2-3), global-norm
 clipping and AdamW. After warm-up, rounds of `--steps` steps alternate between the two (fair on
 a shared machine); the median step time per side gives tokens/s (every position fed to the
 model) and the ratio. The first-step losses are printed as a check that both compute one thing.
+Each side's rate is also given as a fraction of this CPU's measured compute ceiling (benchmarks/ceiling.py,
+the best float32 matmul rate of either library): model FLOPs (6 x matmul weights x tokens + attention, what
+one step needs) per second over the ceiling, and for ours also the FLOPs it executes (recomputation included).
 A benchmark, not a test.
 """
 import argparse
@@ -21,12 +27,24 @@ import numpy as np
 import torch
 import transformers
 
-from oapl_jax import objectives, parallel
+from benchmarks import ceiling
+from oapl_jax import compile_check, objectives, parallel
 from oapl_jax.models import api, hf
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig
 
 BETA1, BETA2, LR, MAX_GRAD_NORM = 1.0, 1e-3, 1e-5, 1.0
+# --width: the tiny default, or a published width (vocab 151,936) cut to --layers layers.
+WIDTHS = {
+    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16, tie_word_embeddings=False),
+    "qwen3_0p6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+}
+
+
+def hf_config(width: str, layers: int):
+  return transformers.Qwen3Config(num_hidden_layers=layers, rope_theta=10000.0, **WIDTHS[width])
 
 
 def make_batch(B, G, T, vocab, seed=0, prompt_len=16, min_response=None):
@@ -77,21 +95,24 @@ def main():
   ap.add_argument("--rounds", type=int, default=3)
   ap.add_argument("--temperature", type=float, default=1.0)
   ap.add_argument("--single_thread", action="store_true", help="one CPU thread for XLA and torch")
+  ap.add_argument("--width", choices=sorted(WIDTHS), default="tiny")
+  ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--keep_logits", action="store_true",
+                  help="model.logprob_recompute=False: the backward reuses the forward's logits, as torch does")
   args = ap.parse_args()
   if args.single_thread:  # before JAX starts its backend
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
                                " intra_op_parallelism_threads=1").strip()
     torch.set_num_threads(1)
 
-  hf_cfg = transformers.Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                    rope_theta=10000.0, tie_word_embeddings=False)
+  hf_cfg = hf_config(args.width, args.layers)
   torch.manual_seed(0)
   with tempfile.TemporaryDirectory() as ckpt:
     transformers.Qwen3ForCausalLM(hf_cfg).save_pretrained(ckpt)
     torch_model = transformers.Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
     mesh = parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
     model_config, params = hf.load(ckpt, mesh=mesh, dtype="float32")
+  model_config = model_config.replace(logprob_recompute=not args.keep_logits)
 
   batch = make_batch(args.batch, args.group, args.seq_len, hf_cfg.vocab_size)
   config = trainer.TrainConfig(
@@ -134,6 +155,14 @@ def main():
   print(f"jax   (oapl_jax jit step):       {jax_s * 1e3:8.1f} ms/step  {tokens / jax_s:10.0f} tokens/s")
   print(f"torch (transformers + AdamW):    {torch_s * 1e3:8.1f} ms/step  {tokens / torch_s:10.0f} tokens/s")
   print(f"speed-up jax / torch: {torch_s / jax_s:.2f}x")
+  flops = compile_check.train_flops(model_config, B * G, T)
+  peak = ceiling.measure(repeats=3)
+  top = max(peak["jax"], peak["torch"])
+  print(f"compute ceiling (best f32 matmul here): jax {peak['jax']:.1f}, torch {peak['torch']:.1f} GFLOP/s")
+  print(f"model FLOPs per step {flops['model'] / 1e9:.1f} G: jax {flops['model'] / jax_s / 1e9:.1f} GFLOP/s "
+        f"({flops['model'] / jax_s / 1e9 / top:.0%} of the ceiling), torch {flops['model'] / torch_s / 1e9:.1f} "
+        f"GFLOP/s ({flops['model'] / torch_s / 1e9 / top:.0%}); jax executes {flops['executed'] / 1e9:.1f} G "
+        f"({flops['executed'] / jax_s / 1e9 / top:.0%} of the ceiling)")
 
 
 if __name__ == "__main__":

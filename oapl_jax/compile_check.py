@@ -15,9 +15,9 @@ FLOPs. XLA's cost analysis counts a loop body once (the layer scan, the micro-ba
 vocabulary chunks), so the step is also counted analytically, per optimizer step, for the slice:
   N = L * (E*D*(H + 2K) + H*D*E + 3*E*F) + V*E         matmul weights touched per token
   model FLOPs    = 6*N*tokens + 12*L*H*D*T^2*sequences   (PaLM's MFU convention: no causal halving)
-  executed FLOPs = 3*F + F_layers*remat + F_vocab        with F = 2*N*tokens + 4*L*H*D*T^2*sequences:
+  executed FLOPs = 3*F + F_layers*remat + F_vocab*recompute   with F = 2*N*tokens + 4*L*H*D*T^2*sequences:
     the forward, a backward of twice it, the layers' forward again under remat and the vocabulary
-    chunks' again (always checkpointed); F counts the full T x T, as the reference attention computes.
+    chunks' again (unless logprob_recompute=False); F counts the full T x T, as the reference attention computes.
     remat_policy="save_dots_no_batch" keeps the weight matmuls (only attention is recomputed); with
     mlp_chunks > 1 each MLP piece's forward runs once more, in its own backward.
 Step time at a stated MFU = model FLOPs / (chips * peak bf16 FLOP/s * MFU).
@@ -238,7 +238,7 @@ def train_flops(model_config, sequences: int, seq_len: int) -> dict:
   model = 6 * (layer_weights + V * E) * tokens + 3 * attention_fwd
   recomputed = (attention_fwd if c.remat_policy == "save_dots_no_batch" else layers_fwd) if c.remat else 0
   mlp_fwd = 2 * L * 3 * E * F * tokens
-  executed = 3 * (layers_fwd + vocab_fwd) + recomputed + vocab_fwd + mlp_fwd * (c.mlp_chunks > 1)
+  executed = 3 * (layers_fwd + vocab_fwd) + recomputed + vocab_fwd * c.logprob_recompute + mlp_fwd * (c.mlp_chunks > 1)
   return {"model": float(model), "executed": float(executed), "tokens": tokens, "matmul_weights": layer_weights + V * E}
 
 

@@ -32,9 +32,11 @@ def _weighted_sum(fn, w_BxT, u_BxT):
   return total
 
 
+@pytest.mark.parametrize("recompute", [True, False])  # the backward projects again, or keeps the forward's logits
+@pytest.mark.parametrize("tied", [True, False])  # the projection's weights: the embedding table, or lm_head
 @pytest.mark.parametrize("chunk_tokens", [5, 64])  # 5 divides neither B x T = 21 nor T = 7; 64 is one chunk
-def test_values_and_gradients_equal_the_full_logits_reference(chunk_tokens):
-  config = TINY.replace(logprob_chunk_tokens=chunk_tokens)
+def test_values_and_gradients_equal_the_full_logits_reference(chunk_tokens, tied, recompute):
+  config = TINY.replace(logprob_chunk_tokens=chunk_tokens, tie_word_embeddings=tied, logprob_recompute=recompute)
   params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
   rng = np.random.RandomState(0)
   tokens, targets = (jnp.asarray(rng.randint(0, config.vocab_size, (3, 7))) for _ in range(2))
@@ -122,3 +124,23 @@ def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows():
   # Each device's logits block: its 4 rows' share of a chunk (2 rows x 12 positions) x its half of V.
   assert set(re.findall(rf"f32\[(\d+),(\d+),{V // 2}\]", hlo)) == {("2", "12")}
   assert set(re.findall(r'known_trip_count":\{"n":"(\d+)"', hlo)) == {"2"}  # forward and backward: 4 rows / 2
+
+
+def test_keeping_the_logits_saves_exactly_one_projection_in_the_backward():
+  """XLA's FLOP count of the gradient: recompute=False does one [tokens, E] x [E, V] matmul fewer
+  (2 x tokens x E x V FLOPs) than recomputing the logits in the backward. XLA's cost analysis counts a loop
+  body once, so the difference is one chunk's projection (4 chunks of 8 tokens here)."""
+  B, T = 2, 16
+  config = QwenConfig.tiny(vocab_size=4096, num_layers=1, logprob_chunk_tokens=8)
+  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
+  tokens = jnp.zeros((B, T), jnp.int32)
+
+  def flops(recompute):
+    c = config.replace(logprob_recompute=recompute)
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(qwen.token_logprobs(p, c, tokens, tokens, with_entropy=True)[0])))
+    cost = grad.lower(params).compile().cost_analysis()
+    return (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
+
+  saved = flops(True) - flops(False)
+  one_projection = 2 * config.logprob_chunk_tokens * config.hidden_size * config.vocab_size
+  assert abs(saved - one_projection) < 0.05 * one_projection, (saved, one_projection)

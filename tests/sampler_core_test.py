@@ -278,3 +278,19 @@ def test_decoding_on_a_growing_cache_equals_decoding_on_the_full_one(sampler):
   np.testing.assert_allclose(grown[1], full[1], atol=1e-5)
   with pytest.raises(ValueError, match="cache_len"):
     sampler.init_decode_state(SamplingSettings(max_new_tokens=12), max_len=40, cache_len=41)
+
+
+@pytest.mark.parametrize("V", [256, 1000, 151936 // 64])
+def test_two_level_draw_is_the_flat_inverse_cdf(V):
+  """Each draw equals a float64 flat inverse CDF of the same uniform (numpy searchsorted over the whole
+  softmax), away from rounding at a token's boundary; V = 1000 and 2374 end in a partial block."""
+  rng = np.random.RandomState(V)
+  logits_SxV = (rng.normal(size=(512, V)) * 3).astype(np.float32)
+  uniforms_S = rng.uniform(size=512).astype(np.float32)
+  tokens, _ = sample_tokens(logits_SxV, uniforms_S, 1.0, 1.0, 0)
+  probs_SxV = scipy.special.softmax(logits_SxV.astype(np.float64), axis=-1)
+  cdf_SxV = np.cumsum(probs_SxV, axis=-1)
+  expected = np.array([np.searchsorted(cdf_SxV[i], uniforms_S[i], side="right") for i in range(512)])
+  clear = np.min(np.abs(cdf_SxV - uniforms_S[:, None].astype(np.float64)), axis=-1) > 1e-5
+  assert clear.sum() > 450
+  np.testing.assert_array_equal(np.asarray(tokens)[clear], expected[clear])

@@ -27,6 +27,10 @@ class Execution:
   # tokens (rows x positions) per row shard in one chunk of the vocabulary projection: one float32
   # [tokens, vocab] block is alive per device, forward or backward, however many rows a batch has
   logprob_chunk_tokens: int = sections.rule(512, low=1)
+  # False: the vocabulary projection's backward reuses the forward's logits instead of recomputing them (one
+  # matmul of 2 x tokens x hidden x vocab FLOPs fewer per step, but float32 [tokens, vocab] kept for the whole
+  # batch: for small batches on CPU or GPU with memory to spare, not the paper's 16K-token sequences)
+  logprob_recompute: bool = True
   # Training and prefill attention kernel (models/attention.py): auto | splash | cudnn | blockwise | reference;
   # "auto" picks by the platform of the mesh being traced for (so a TPU compile check gets splash).
   attention: str = sections.rule("auto", choices=IMPLEMENTATIONS)

@@ -11,6 +11,7 @@ garbage written past a row's true length is never visible to a query at an earli
 With a cache, each layer first scatters this call's keys/values into its cache in place, then
 attends over the cache (key index <= query position); no stale entry is ever visible.
 """
+import functools
 from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from oapl_jax import parallel
+from oapl_jax.models import vocab_logprobs
 from oapl_jax.models.attention import attend
 from oapl_jax.models.config import QwenConfig
 
@@ -394,9 +396,10 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
   """log softmax(logits / temperature)[target] per position, float32 [B, T].
 
   The vocabulary projection runs over chunks of at most `config.logprob_chunk_tokens` tokens per
-  row shard (rows and positions both chunked; the rows' sharding kept) under `jax.checkpoint`, so
-  at most one float32 [chunk tokens, V] block is alive per device, forward or backward, however
-  many rows the batch has. With `with_entropy`, also returns the per-position entropy. `lora`: adapters applied
+  row shard (rows and positions both chunked; the rows' sharding kept), each through
+  models/vocab_logprobs.py (a hand-written VJP that keeps one log-normaliser per token and recomputes
+  the chunk's logits in the backward), so float32 [chunk tokens, V] blocks are alive per device,
+  forward or backward, however many rows the batch has. With `with_entropy`, also returns the per-position entropy. `lora`: adapters applied
   inside the layers (see Projection), B pre-scaled; None for the plain model.
   """
   model = Qwen(config)
@@ -418,17 +421,19 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
   def from_chunks(x_KxRxC):
     return jnp.moveaxis(x_KxRxC.reshape(NR, NT, R, C), 2, 0).reshape(B, NT * C)[:, :T]
 
-  @jax.checkpoint
-  def one_chunk(h_RxCxE, t_RxC):
-    z = model.apply({"params": params}, h_RxCxE, method=Qwen.logits).astype(jnp.float32) / temperature
-    logz = jax.nn.logsumexp(z, axis=-1)
-    logp = jnp.take_along_axis(z, t_RxC[..., None], axis=-1)[..., 0] - logz
-    if not with_entropy:
-      return logp
-    return logp, logz - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
-
-  out = jax.lax.map(lambda xs: one_chunk(*xs), (to_chunks(hidden_BxTxE), to_chunks(targets_BxT)))
+  # Only the weights the projection reads go through the chunks' custom VJP (their gradient is summed over chunks).
+  vocab_params = {k: params[k] for k in (("embed",) if config.tie_word_embeddings else ("lm_head",))}
+  project = functools.partial(_project_vocab, config)
+  out = jax.lax.map(lambda xs: vocab_logprobs.chunk_logprobs(project, vocab_params, *xs, temperature=temperature,
+                                                             with_entropy=with_entropy,
+                                                             recompute=config.logprob_recompute),
+                    (to_chunks(hidden_BxTxE), to_chunks(targets_BxT)))
   return jax.tree.map(from_chunks, out)
+
+
+def _project_vocab(config: QwenConfig, vocab_params, hidden_BxTxE):
+  """Logits from the final hidden states, given only the vocabulary projection's weights."""
+  return Qwen(config).apply({"params": vocab_params}, hidden_BxTxE, method=Qwen.logits)
 
 
 def init_params(config: QwenConfig, rng) -> Any:

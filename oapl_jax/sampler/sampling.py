@@ -42,17 +42,22 @@ def _inverse_cdf_sample(u_S, weights_SxV):
   weights in two levels: pick a block of ~sqrt(V) tokens from the block masses, then a token
   inside it. Exact like a flat inverse CDF, but with no V-long cumulative sum (slow on CPU, and on
   a 150k vocabulary everywhere). Zero-weight tokens (filtered out) are never returned, rounding at
-  a block's end included."""
+  a block's end included.
+
+  A vocabulary that is not a multiple of the block (Qwen's 151,936) ends in a partial block, summed on its
+  own: the [S, V] weights are never padded (a padded copy cost a full pass over them every decode step)."""
   S, V = weights_SxV.shape
   block = max(16, 1 << (max(1, int(V ** 0.5)) - 1).bit_length())
-  num_blocks = -(-V // block)
-  p_SxNxB = jnp.pad(weights_SxV, ((0, 0), (0, num_blocks * block - V))).reshape(S, num_blocks, block)
-  mass_SxN = jnp.sum(p_SxNxB, axis=-1)
+  whole = V // block  # whole blocks; the last V - whole * block tokens (if any) form one more
+  mass_SxN = jnp.sum(weights_SxV[:, :whole * block].reshape(S, whole, block), axis=-1)
+  if V > whole * block:
+    mass_SxN = jnp.concatenate([mass_SxN, jnp.sum(weights_SxV[:, whole * block:], axis=-1, keepdims=True)], axis=-1)
   cdf_SxN = jnp.cumsum(mass_SxN, axis=-1)
   u_S = u_S * cdf_SxN[:, -1]
   block_S = jnp.minimum(jnp.sum(cdf_SxN <= u_S[:, None], axis=-1), _last_positive(mass_SxN))
   rest_S = u_S - jnp.take_along_axis(cdf_SxN - mass_SxN, block_S[:, None], axis=-1)[:, 0]
-  p_SxB = jnp.take_along_axis(p_SxNxB, block_S[:, None, None], axis=1)[:, 0]
+  token_SxB = block_S[:, None] * block + jnp.arange(block)[None, :]
+  p_SxB = jnp.where(token_SxB < V, jnp.take_along_axis(weights_SxV, jnp.minimum(token_SxB, V - 1), axis=1), 0.0)
   inner_S = jnp.minimum(jnp.sum(jnp.cumsum(p_SxB, axis=-1) <= rest_S[:, None], axis=-1), _last_positive(p_SxB))
   return block_S * block + inner_S
 

@@ -1,0 +1,72 @@
+"""This machine's measured compute ceiling: the best float32 matmul rate JAX (XLA) and PyTorch reach here.
+
+    python -m benchmarks.ceiling             # prints GFLOP/s per side and shape
+
+The sampler and train benchmarks divide their own achieved rate (analytic FLOPs / second) by this ceiling, so a
+ratio against a peer comes with the distance left to the hardware. The ceiling is the best of a few square and
+decode-shaped matmuls (f32, the dtype both benchmarks run in), each timed as the median of --repeats calls after
+a warm-up. A benchmark, not a test.
+"""
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (M, K, N): square, a decode step's vocabulary projection (64 rows, Qwen3-0.6B width), an MLP projection.
+SHAPES = ((2048, 2048, 2048), (64, 1024, 151936), (1024, 1024, 3072))
+
+
+def _median_seconds(fn, repeats: int) -> float:
+  fn()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def jax_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
+  a = jax.random.normal(jax.random.PRNGKey(0), (m, k), jnp.float32)
+  b = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  return 2 * m * k * n / _median_seconds(lambda: dot(a, b).block_until_ready(), repeats) / 1e9
+
+
+def torch_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
+  import torch  # local: the ceiling of JAX alone needs no torch
+  a, b = torch.randn(m, k), torch.randn(k, n)
+  with torch.no_grad():
+    return 2 * m * k * n / _median_seconds(lambda: a @ b, repeats) / 1e9
+
+
+def measure(repeats: int = 5, with_torch: bool = True) -> dict:
+  """{'jax': best GFLOP/s, 'torch': best GFLOP/s (if asked), 'by_shape': {(m, k, n): (jax, torch)}}."""
+  by_shape = {}
+  for shape in SHAPES:
+    by_shape[shape] = (jax_gflops(*shape, repeats=repeats), torch_gflops(*shape, repeats=repeats) if with_torch
+                       else float("nan"))
+  out = {"jax": max(j for j, _ in by_shape.values()), "by_shape": by_shape}
+  if with_torch:
+    out["torch"] = max(t for _, t in by_shape.values())
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--repeats", type=int, default=5)
+  args = ap.parse_args()
+  result = measure(args.repeats)
+  print(f"{'M x K x N':>22} {'jax GFLOP/s':>12} {'torch GFLOP/s':>14}")
+  for (m, k, n), (j, t) in result["by_shape"].items():
+    print(f"{f'{m} x {k} x {n}':>22} {j:>12.1f} {t:>14.1f}")
+  print(f"ceiling (best f32 matmul): jax {result['jax']:.1f} GFLOP/s, torch {result['torch']:.1f} GFLOP/s")
+  return result
+
+
+if __name__ == "__main__":
+  np.set_printoptions(precision=3)
+  main()
