@@ -27,8 +27,7 @@ import numpy as np
 import torch
 import transformers
 
-from benchmarks import ceiling
-from oapl_jax import compile_check, objectives, parallel
+from oapl_jax import objectives, parallel
 from oapl_jax.models import api, hf
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig
@@ -155,6 +154,8 @@ def main():
   print(f"jax   (oapl_jax jit step):       {jax_s * 1e3:8.1f} ms/step  {tokens / jax_s:10.0f} tokens/s")
   print(f"torch (transformers + AdamW):    {torch_s * 1e3:8.1f} ms/step  {tokens / torch_s:10.0f} tokens/s")
   print(f"speed-up jax / torch: {torch_s / jax_s:.2f}x")
+  from benchmarks import ceiling  # local: tests import make_batch from here, and these imports take seconds
+  from oapl_jax import compile_check
   flops = compile_check.train_flops(model_config, B * G, T)
   peak = ceiling.measure(repeats=3)
   top = max(peak["jax"], peak["torch"])
