@@ -399,8 +399,9 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
   row shard (rows and positions both chunked; the rows' sharding kept), each through
   models/vocab_logprobs.py (a hand-written VJP that keeps one log-normaliser per token and recomputes
   the chunk's logits in the backward), so float32 [chunk tokens, V] blocks are alive per device,
-  forward or backward, however many rows the batch has. With `with_entropy`, also returns the per-position entropy. `lora`: adapters applied
-  inside the layers (see Projection), B pre-scaled; None for the plain model.
+  forward or backward, however many rows the batch has. With `with_entropy`, also returns the
+  per-position entropy. `lora`: adapters applied inside the layers (see Projection), B pre-scaled;
+  None for the plain model.
   """
   model = Qwen(config)
   variables = {"params": params} if lora is None else {"params": params, "lora": lora}
