@@ -18,6 +18,8 @@ vocabulary chunks), so the step is also counted analytically, per optimizer step
   executed FLOPs = 3*F + F_layers*remat + F_vocab*recompute   with F = 2*N*tokens + 4*L*H*D*T^2*sequences:
     the forward, a backward of twice it, the layers' forward again under remat and the vocabulary
     chunks' again (unless logprob_recompute=False); F counts the full T x T, as the reference attention computes.
+    The trainer skips vocabulary chunks without response tokens; train_flops(vocab_tokens=) counts only the
+    chunks that run (the slice's analysis assumes every token does).
     remat_policy="save_dots_no_batch" keeps the weight matmuls (only attention is recomputed); with
     mlp_chunks > 1 each MLP piece's forward runs once more, in its own backward.
 Step time at a stated MFU = model FLOPs / (chips * peak bf16 FLOP/s * MFU).
@@ -227,8 +229,10 @@ def compile_memory(build, context=None, compiler_options: Optional[dict] = None)
                 seconds=time.perf_counter() - start, host_temp=m.host_temp_size_in_bytes)
 
 
-def train_flops(model_config, sequences: int, seq_len: int) -> dict:
-  """Analytic FLOPs of one optimizer step over `sequences` of `seq_len` positions (module docstring)."""
+def train_flops(model_config, sequences: int, seq_len: int, vocab_tokens: Optional[int] = None) -> dict:
+  """Analytic FLOPs of one optimizer step over `sequences` of `seq_len` positions (module docstring).
+  `vocab_tokens`: the tokens whose vocabulary projection is executed (the trainer skips chunks with no response
+  token; default: all); model FLOPs count every token either way."""
   c, T, tokens = model_config, seq_len, sequences * seq_len
   E, H, K, D, F, L, V = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers, \
       c.vocab_size
@@ -238,7 +242,8 @@ def train_flops(model_config, sequences: int, seq_len: int) -> dict:
   model = 6 * (layer_weights + V * E) * tokens + 3 * attention_fwd
   recomputed = (attention_fwd if c.remat_policy == "save_dots_no_batch" else layers_fwd) if c.remat else 0
   mlp_fwd = 2 * L * 3 * E * F * tokens
-  executed = 3 * (layers_fwd + vocab_fwd) + recomputed + vocab_fwd * c.logprob_recompute + mlp_fwd * (c.mlp_chunks > 1)
+  vocab_run = 2 * V * E * (tokens if vocab_tokens is None else vocab_tokens)
+  executed = 3 * (layers_fwd + vocab_run) + recomputed + vocab_run * c.logprob_recompute + mlp_fwd * (c.mlp_chunks > 1)
   return {"model": float(model), "executed": float(executed), "tokens": tokens, "matmul_weights": layer_weights + V * E}
 
 

@@ -125,6 +125,17 @@ def test_remat_adds_the_layers_forward_once():
   assert remat["executed"] - plain["executed"] == layers_forward and remat["model"] == plain["model"]
 
 
+def test_skipped_vocabulary_tokens_leave_the_executed_count_four_projections_each():
+  """Each token whose vocabulary chunk is skipped saves its forward, recomputed forward and two backward
+  matmuls (4 x 2 x V x E), or 3 with the logits kept; model FLOPs count every token."""
+  c = cc._model(schema.from_config(tiny_config())).config
+  for recompute, projections in ((True, 4), (False, 3)):
+    cr = c.replace(logprob_recompute=recompute)
+    every, part = cc.train_flops(cr, 10, 100), cc.train_flops(cr, 10, 100, vocab_tokens=400)
+    assert every["executed"] - part["executed"] == projections * 2 * 512 * 256 * 600
+    assert every["model"] == part["model"]
+
+
 def test_remat_policy_and_mlp_pieces_change_only_the_executed_count():
   c = cc._model(schema.from_config(tiny_config())).config.replace(num_layers=3, remat=True)
   full, dots, pieces = (cc.train_flops(c.replace(**kw), 10, 100) for kw in (

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from oapl_jax import parallel
-from oapl_jax.models import qwen
+from oapl_jax.models import qwen, vocab_logprobs
 from oapl_jax.models.config import QwenConfig
 
 TINY = QwenConfig.tiny(num_layers=1)
@@ -59,16 +59,71 @@ def test_values_and_gradients_equal_the_full_logits_reference(chunk_tokens, tied
   assert min(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) > 0  # every parameter reached
 
 
-@pytest.mark.parametrize("B, T, budget, shards, want", [
-    (3, 7, 5, 1, (1, 4)),      # T in two pieces of 4 (one padded position); 2 rows would exceed 5 tokens
-    (8, 7, 16, 1, (2, 7)),     # whole rows, two at a time
-    (6, 7, 32, 1, (3, 7)),     # 4 rows fit, but 3 is the largest divisor of 6 that does
-    (16, 64, 64, 8, (8, 64)),  # one row per shard
-    (16, 16, 64, 8, (16, 16)),  # both rows of every shard
-    (2, 1000, 512, 1, (1, 500)),
+@pytest.mark.parametrize("tokens, budget, want", [
+    (21, 5, (5, 5)),      # 21 tokens in five chunks of 5 (4 padded)
+    (7, 5, (2, 4)),       # two nearly equal chunks, not 5 + 2
+    (48, 24, (2, 24)),
+    (64, 64, (1, 64)),
+    (1000, 512, (2, 500)),
 ])
-def test_chunk_shape(B, T, budget, shards, want):
-  assert qwen._chunk_shape(B, T, budget, shards) == want
+def test_chunk_plan(tokens, budget, want):
+  assert vocab_logprobs.chunk_plan(tokens, budget) == want
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+@pytest.mark.parametrize("chunk_tokens", [4, 64])
+def test_needed_positions_equal_the_reference_and_the_rest_are_zero(chunk_tokens, recompute):
+  """With a mask of needed positions (one row with none, one with all, the rest random): needed positions equal
+  the full-logits reference, the others are 0, and the gradient equals the reference's through the needed
+  positions only."""
+  config = TINY.replace(logprob_chunk_tokens=chunk_tokens, logprob_recompute=recompute)
+  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(2)))
+  rng = np.random.RandomState(2)
+  B, T = 4, 9
+  tokens, targets = (jnp.asarray(rng.randint(0, config.vocab_size, (B, T))) for _ in range(2))
+  needed = rng.rand(B, T) < 0.4
+  needed[1], needed[2] = False, True
+  w, u = (jnp.asarray(rng.normal(size=(B, T)), jnp.float32) for _ in range(2))
+  ours = lambda p: qwen.token_logprobs(p, config, tokens, targets, temperature=0.9,  # noqa: E731
+                                       with_entropy=True, needed_BxT=jnp.asarray(needed))
+  ref = lambda p: jax.tree.map(lambda x: jnp.where(needed, x, 0.0),  # noqa: E731
+                               _reference(p, config, tokens, targets, 0.9))
+  (logp, entropy), (want_logp, want_entropy) = jax.jit(ours)(params), jax.jit(ref)(params)
+  np.testing.assert_allclose(logp, want_logp, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(entropy, want_entropy, atol=1e-5, rtol=0)
+  assert np.all(logp[~needed] == 0) and np.all(logp[needed] < 0)
+  grads = jax.jit(jax.grad(_weighted_sum(ours, w, u)))(params)
+  want = jax.jit(jax.grad(_weighted_sum(ref, w, u)))(params)
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want))
+  jax.tree.map(lambda g, h: np.testing.assert_allclose(g, h, atol=1e-5 * scale, rtol=0), grads, want)
+
+
+def test_chunks_without_needed_positions_run_no_projection():
+  """The projection is counted as it runs (a host callback inside it): with 5 of 24 tokens needed and chunks of
+  4, the forward projects 2 chunks and the recomputing backward 2 more, not 6 + 6; with none needed, none."""
+  calls = []
+
+  def project(w, h_RxCxE):
+    jax.debug.callback(lambda: calls.append(1))
+    return h_RxCxE @ w
+
+  rng = np.random.RandomState(3)
+  w = jnp.asarray(rng.normal(size=(8, 32)), jnp.float32)
+  h = jnp.asarray(rng.normal(size=(2, 12, 8)), jnp.float32)
+  targets = jnp.asarray(rng.randint(0, 32, (2, 12)))
+
+  def count(needed):
+    calls.clear()
+    f = lambda w, h: jnp.sum(vocab_logprobs.token_logprobs(  # noqa: E731
+        project, w, h, targets, jnp.asarray(needed), chunk_tokens=4))
+    jax.block_until_ready(jax.jit(jax.grad(f, argnums=(0, 1)))(w, h))
+    return len(calls)
+
+  needed = np.zeros((2, 12), bool)
+  needed[0, [3, 7]] = needed[1, [0, 5, 11]] = True
+  assert count(needed) == 2 + 2  # 5 needed tokens fill 2 chunks of 4
+  assert count(np.ones((2, 12), bool)) == 6 + 6
+  assert count(np.zeros((2, 12), bool)) == 0
 
 
 def _backward_temp_bytes(config, B, T):
@@ -91,11 +146,13 @@ def test_backward_memory_does_not_grow_with_rows():
   assert temp_8 - temp_2 < block / 2, (temp_2, temp_8)
 
 
-def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows():
+@pytest.mark.parametrize("with_needed", [False, True])
+def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows(with_needed):
   """On 8 devices, rows over (data, fsdp) = 4 shards and the vocabulary over tensor = 2: values and
   gradients equal one device's, and every device projects chunks of exactly `logprob_chunk_tokens` of its
-  own rows' tokens. Chunking rows across shards would leave chunk rows replicated ([8, 12, V/2] per
-  device) or starve each device (6 tokens per chunk on 16 trips)."""
+  own rows' tokens (with a needed-positions mask too: each shard reorders its own tokens). Chunking rows
+  across shards would leave chunk rows replicated ([8, 12, V/2] per device) or starve each device (6 tokens
+  per chunk on 16 trips)."""
   assert jax.device_count() == 8
   V, B, T = 4096, 16, 12
   config = QwenConfig.tiny(vocab_size=V, num_layers=1, logprob_chunk_tokens=24)
@@ -103,9 +160,11 @@ def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows():
   rng = np.random.RandomState(1)
   tokens, targets = (rng.randint(0, V, (B, T)).astype(np.int32) for _ in range(2))
   w = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
+  needed = jnp.asarray(rng.rand(B, T) < 0.5) if with_needed else None
 
   def loss(p, t, y):
-    logp_BxT, entropy_BxT = qwen.token_logprobs(p, config, t, y, temperature=0.8, with_entropy=True)
+    logp_BxT, entropy_BxT = qwen.token_logprobs(p, config, t, y, temperature=0.8, with_entropy=True,
+                                                needed_BxT=needed)
     return jnp.sum(w * logp_BxT) + jnp.sum(entropy_BxT), logp_BxT
 
   one = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, tokens, targets)
@@ -121,8 +180,8 @@ def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
                compiled(params_8, tokens_8, targets_8), one)
   hlo = compiled.as_text()
-  # Each device's logits block: its 4 rows' share of a chunk (2 rows x 12 positions) x its half of V.
-  assert set(re.findall(rf"f32\[(\d+),(\d+),{V // 2}\]", hlo)) == {("2", "12")}
+  # Each device's logits block: one chunk of 24 of its own rows' 48 tokens x its half of V.
+  assert set(re.findall(rf"f32\[(\d+),(\d+),{V // 2}\]", hlo)) == {("1", "24")}
   assert set(re.findall(r'known_trip_count":\{"n":"(\d+)"', hlo)) == {"2"}  # forward and backward: 4 rows / 2
 
 

@@ -294,3 +294,27 @@ def test_two_level_draw_is_the_flat_inverse_cdf(V):
   clear = np.min(np.abs(cdf_SxV - uniforms_S[:, None].astype(np.float64)), axis=-1) > 1e-5
   assert clear.sum() > 450
   np.testing.assert_array_equal(np.asarray(tokens)[clear], expected[clear])
+
+
+def test_scoring_memory_is_bounded_by_the_chunk_not_by_rows_times_positions():
+  """Sampler.score projects onto the vocabulary in chunks of logprob_chunk_tokens: one [64, V] float32 block
+  is 8 MiB at V = 32768, and scoring 16 rows instead of 4 adds less than half of one block
+  to XLA's temporary memory, where whole [B, T, V] logits would add 48 blocks (T = 65: 64 scored positions)."""
+  from oapl_jax.models.config import QwenConfig
+  V, T = 32768, 65
+  config = QwenConfig.tiny(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                           num_kv_heads=1, head_dim=16, logprob_chunk_tokens=64)
+  model = api.for_config(config)
+  snapshot = jax.eval_shape(lambda: model.decode_params(model.init_params(jax.random.PRNGKey(0))))
+  snapshot = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), snapshot,
+                          is_leaf=lambda x: hasattr(x, "shape"))
+  score = jax.jit(functools.partial(core.score_fn, model), static_argnums=(2,))
+
+  def temp(rows):
+    tokens = jax.ShapeDtypeStruct((rows, T), np.int32)
+    return score.lower(snapshot, tokens, 1.0).compile().memory_analysis().temp_size_in_bytes
+
+  block = 64 * V * 4
+  temp_4, temp_16 = temp(4), temp(16)
+  assert temp_4 > block  # the block is really in the measure
+  assert temp_16 - temp_4 < block / 2, (temp_4, temp_16)

@@ -379,57 +379,28 @@ def logits(params, config: QwenConfig, tokens_BxT, positions_BxT=None, key_mask_
   return model.apply({"params": params}, hidden, method=Qwen.logits).astype(jnp.float32)
 
 
-def _chunk_shape(B: int, T: int, budget: int, shards: int) -> tuple[int, int]:
-  """(rows, positions) of one vocabulary-projection chunk: positions split T into as few nearly
-  equal pieces of <= budget as there can be; rows are `shards` x the largest divisor r of B / shards
-  with r x positions <= budget (at least 1), so every row shard holds <= budget tokens of a chunk
-  and no row is padded."""
-  pieces = -(-T // budget)
-  pos = -(-T // pieces)
-  local = B // shards
-  r = max(d for d in range(1, max(1, budget // pos) + 1) if local % d == 0)
-  return shards * r, pos
-
-
 def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, positions_BxT=None, *,
-                   key_mask_BxS=None, temperature: float = 1.0, with_entropy: bool = False, lora=None):
+                   key_mask_BxS=None, temperature: float = 1.0, with_entropy: bool = False, lora=None,
+                   needed_BxT=None):
   """log softmax(logits / temperature)[target] per position, float32 [B, T].
 
-  The vocabulary projection runs over chunks of at most `config.logprob_chunk_tokens` tokens per
-  row shard (rows and positions both chunked; the rows' sharding kept), each through
-  models/vocab_logprobs.py (a hand-written VJP that keeps one log-normaliser per token and recomputes
-  the chunk's logits in the backward), so float32 [chunk tokens, V] blocks are alive per device,
-  forward or backward, however many rows the batch has. With `with_entropy`, also returns the
-  per-position entropy. `lora`: adapters applied inside the layers (see Projection), B pre-scaled;
-  None for the plain model.
+  The vocabulary projection runs through models/vocab_logprobs.token_logprobs: chunks of at most
+  `config.logprob_chunk_tokens` tokens per row shard, each with a hand-written VJP (one log-normaliser kept
+  per token, the logits recomputed in the backward unless `config.logprob_recompute` is False), so float32
+  [chunk tokens, V] blocks are alive per device however many rows the batch has. `needed_BxT`: the positions
+  whose values are read (a loss's response mask); the others give 0 and cost no projection. With
+  `with_entropy`, also returns the per-position entropy. `lora`: adapters applied inside the layers (see
+  Projection), B pre-scaled; None for the plain model.
   """
   model = Qwen(config)
   variables = {"params": params} if lora is None else {"params": params, "lora": lora}
   hidden_BxTxE = model.apply(variables, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
-  B, T, E = hidden_BxTxE.shape
-  ctx = parallel.current_context()
-  shards = parallel.axis_size(*ctx, "activation_batch") if ctx else 1
-  shards = shards if B % shards == 0 else 1
-  R, C = _chunk_shape(B, T, config.logprob_chunk_tokens, shards)
-  NR, NT = B // R, -(-T // C)
-
-  # Row b = i * NR + j is row i of row chunk j, so each shard's contiguous block of rows stays on it.
-  def to_chunks(x_BxTx_):  # [B, T, ...] -> [NR * NT, R, C, ...], positions padded to NT * C
-    x = jnp.pad(x_BxTx_, ((0, 0), (0, NT * C - T)) + ((0, 0),) * (x_BxTx_.ndim - 2))
-    x = jnp.moveaxis(x.reshape(R, NR, NT, C, *x.shape[2:]), 0, 2).reshape(NR * NT, R, C, *x.shape[2:])
-    return parallel.constrain_where_divisible(x, (None, "activation_batch") + (None,) * (x.ndim - 2))
-
-  def from_chunks(x_KxRxC):
-    return jnp.moveaxis(x_KxRxC.reshape(NR, NT, R, C), 2, 0).reshape(B, NT * C)[:, :T]
-
   # Only the weights the projection reads go through the chunks' custom VJP (their gradient is summed over chunks).
   vocab_params = {k: params[k] for k in (("embed",) if config.tie_word_embeddings else ("lm_head",))}
-  project = functools.partial(_project_vocab, config)
-  out = jax.lax.map(lambda xs: vocab_logprobs.chunk_logprobs(project, vocab_params, *xs, temperature=temperature,
-                                                             with_entropy=with_entropy,
-                                                             recompute=config.logprob_recompute),
-                    (to_chunks(hidden_BxTxE), to_chunks(targets_BxT)))
-  return jax.tree.map(from_chunks, out)
+  return vocab_logprobs.token_logprobs(
+      functools.partial(_project_vocab, config), vocab_params, hidden_BxTxE, targets_BxT, needed_BxT,
+      chunk_tokens=config.logprob_chunk_tokens, temperature=temperature, with_entropy=with_entropy,
+      recompute=config.logprob_recompute)
 
 
 def _project_vocab(config: QwenConfig, vocab_params, hidden_BxTxE):
@@ -484,9 +455,9 @@ class QwenLM:
             "o_proj": ("q_heads", "head_dim"), "down_proj": ("mlp",)}
 
   def token_logprobs(self, params, tokens_BxT, targets_BxT, positions_BxT=None, *, temperature: float = 1.0,
-                     with_entropy: bool = False, lora=None):
+                     with_entropy: bool = False, lora=None, needed_BxT=None):
     return token_logprobs(params, self.config, tokens_BxT, targets_BxT, positions_BxT, temperature=temperature,
-                          with_entropy=with_entropy, lora=lora)
+                          with_entropy=with_entropy, lora=lora, needed_BxT=needed_BxT)
 
   decode_params = staticmethod(unstack_layers)
   is_decode_layout = staticmethod(is_per_layer)

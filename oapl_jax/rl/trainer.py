@@ -178,9 +178,11 @@ def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, wit
   # Sequences, not prompts, over the data axes: a micro-batch of one prompt x G samples still
   # spreads over G devices. Per-prompt quantities (V*) are computed after the reshape back.
   flat = lambda x: parallel.constrain_where_divisible(x.reshape(B * G, T), ("batch", None))  # noqa: E731
+  # Only response positions are read (the losses and metrics all mask by response_mask): prompts and
+  # padding skip the vocabulary projection.
   out = model.token_logprobs(params, flat(batch["tokens"]), flat(batch["targets"]), flat(batch["positions"]),
                              temperature=config.temperature, with_entropy=with_entropy,
-                             **({} if lora is None else {"lora": lora}))
+                             needed_BxT=flat(batch["response_mask"]) > 0, **({} if lora is None else {"lora": lora}))
   return jax.tree.map(lambda x: x.reshape(B, G, T), out)
 
 

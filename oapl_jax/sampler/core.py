@@ -29,6 +29,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from oapl_jax import parallel
+from oapl_jax.models import vocab_logprobs
 from oapl_jax.models.api import Cache, CausalLM
 from oapl_jax.parallel import Layout
 from oapl_jax.sampler.sampling import sample_tokens
@@ -96,15 +97,16 @@ def prefill_fn(model: CausalLM, params, tokens_BxT, lengths_B) -> Prefix:
   return Prefix(cache, last_B, lengths_B)
 
 
-def score_fn(model: CausalLM, params, tokens_BxT, temperature):
+def score_fn(model: CausalLM, params, tokens_BxT, temperature: float):
   """log softmax(logits / temperature) of each next token under the snapshot, float32 [B, T - 1]: the
-  sampler's own log-probs of given sequences (the same forward as prefill; no top-p / top-k filter)."""
+  sampler's own log-probs of given sequences (the same forward as prefill; no top-p / top-k filter). The
+  vocabulary projection runs in chunks of the model's `logprob_chunk_tokens` (models/vocab_logprobs.py), so
+  [chunk, V] of logits is alive, not [B, T, V]."""
   B, T = tokens_BxT.shape
   positions_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
   hidden_BxTxE, _ = model.forward_with_cache(params, tokens_BxT, positions_BxT, model.init_cache(B, T))
-  z_BxTxV = model.logits(params, hidden_BxTxE[:, :-1]).astype(jnp.float32) / temperature
-  z_BxT = jnp.take_along_axis(z_BxTxV, tokens_BxT[:, 1:, None], axis=-1)[..., 0]
-  return z_BxT - jax.nn.logsumexp(z_BxTxV, axis=-1)
+  return vocab_logprobs.token_logprobs(model.logits, params, hidden_BxTxE[:, :-1], tokens_BxT[:, 1:],
+                                       chunk_tokens=model.config.logprob_chunk_tokens, temperature=temperature)
 
 
 def insert_fn(model: CausalLM, prefix: Prefix, state: DecodeState, slots_M, rows_M, keys_Mx2,
@@ -243,7 +245,7 @@ class Sampler:
 
     bind = lambda fn: functools.partial(fn, model)  # noqa: E731
     self._prefill = jax.jit(bind(prefill_fn), out_shardings=self.prefix_shardings)
-    self._score = jax.jit(bind(score_fn), out_shardings=repl)
+    self._score = jax.jit(bind(score_fn), static_argnums=(2,), out_shardings=repl)
     self._insert = jax.jit(bind(insert_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
     self._decode = jax.jit(bind(decode_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
     self._generate = jax.jit(bind(generate_fn), donate_argnums=(1,), out_shardings=(self.state_shardings, repl))
@@ -361,7 +363,7 @@ class Sampler:
       tokens[i, :len(q)] = q
     self._check_layout(params)
     with self.layout.context():
-      logp_BxT = np.asarray(self._score(params, tokens, np.float32(temperature)))
+      logp_BxT = np.asarray(self._score(params, tokens, float(temperature)))
     return [logp_BxT[i, len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
 
   def insert(self, prefix: Prefix, state: DecodeState, slots, rows, keys, max_new=None) -> DecodeState:
