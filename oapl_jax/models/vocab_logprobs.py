@@ -1,8 +1,10 @@
 """Log-probs (and entropies) of target tokens through the vocabulary projection, with a hand-written VJP.
 
+    logp_BxT = token_logprobs(project, w, hidden_BxTxE, targets_BxT, needed_BxT, chunk_tokens=512)
     logp_RxC = chunk_logprobs(project, w, h_RxCxE, targets_RxC, temperature)   # project(w, h) -> logits [R, C, V]
 
-One chunk of tokens at a time (models/qwen.token_logprobs maps it over chunks bounded by a token budget). The
+`token_logprobs` maps `chunk_logprobs` over each row shard's tokens in chunks bounded by a token budget, and
+skips the chunks holding no position the caller reads (a loss's prompts and padding). For one chunk, the
 forward keeps only the log-normaliser per token; the backward recomputes the logits once and forms
 dz = g * (onehot(target) - softmax(z)) (+ the entropy's term) in one fused pass over [R, C, V] before the two
 matmuls of the projection's transpose. Autodiff through `jax.checkpoint` does the same matmuls but many more
