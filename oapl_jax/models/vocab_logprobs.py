@@ -138,6 +138,7 @@ def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=N
   if needed_BxT is not None:
     needed_SxN = needed_BxT.reshape(S, N).astype(bool)
     order_SxN = jnp.argsort(~needed_SxN, axis=1, stable=True)  # needed first, each group in its order
+    unorder_SxN = jnp.argsort(order_SxN, axis=1)  # the inverse permutation, for the outputs
     h_SxNxE = jnp.take_along_axis(h_SxNxE, order_SxN[..., None], axis=1)
     targets_SxN = jnp.take_along_axis(targets_SxN, order_SxN, axis=1)
     live_K = jnp.arange(K) * C < jnp.max(jnp.sum(needed_SxN, axis=1))
@@ -150,7 +151,7 @@ def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=N
   def from_chunks(x_KxSxC):
     x_SxN = jnp.swapaxes(x_KxSxC, 0, 1).reshape(S, K * C)[:, :N]
     if needed_BxT is not None:  # back to the original order; positions not needed are 0
-      x_SxN = jnp.where(needed_SxN, jnp.take_along_axis(x_SxN, jnp.argsort(order_SxN, axis=1), axis=1), 0.0)
+      x_SxN = jnp.where(needed_SxN, jnp.take_along_axis(x_SxN, unorder_SxN, axis=1), 0.0)
     return x_SxN.reshape(B, T)
 
   def one_chunk(xs):
