@@ -243,11 +243,15 @@ def plain_read_error(e: BaseException) -> str:
 class _AbandonedReads(logging.Filter):
   """A failed orbax read abandons its sibling read coroutines; one finalized after `_read_arrays` has
   collected them makes asyncio log "Task exception was never retrieved" with a TensorStore traceback.
-  That failure is already reported as a DamagedCheckpoint: drop the duplicate, and only that."""
+  Which coroutine is finalized varies (`async_deserialize`, `_read_array_index_and_device_put`, ...), but
+  each is defined in orbax's serialization module. That failure is already reported as a
+  DamagedCheckpoint: drop the duplicate, and only that."""
+
+  _ORBAX_READ = re.compile(r"coro=<(async_deserialize|_read_\w+)\(\)|orbax/checkpoint/_src/serialization/")
 
   def filter(self, record):
-    return not (record.getMessage().startswith("Task exception was never retrieved")
-                and "async_deserialize" in record.getMessage())
+    message = record.getMessage()
+    return not (message.startswith("Task exception was never retrieved") and self._ORBAX_READ.search(message))
 
 
 logging.getLogger("asyncio").addFilter(_AbandonedReads())
