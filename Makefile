@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not slow" --durations=15
+	$(BIN)/python -m pytest tests -m "not slow" -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest tests

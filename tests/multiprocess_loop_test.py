@@ -137,7 +137,8 @@ def _free_port() -> int:
 def _start(num_processes: int, workdir, results) -> list[subprocess.Popen]:
   port = _free_port() if num_processes > 1 else 0
   env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "XLA_"))}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES // num_processes}", JAX_PLATFORMS="cpu",
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES // num_processes}"
+             " --xla_backend_optimization_level=0", JAX_PLATFORMS="cpu",  # as conftest: LLVM's optimizer off
              TF_CPP_MIN_LOG_LEVEL="3")
   os.makedirs(results, exist_ok=True)
   return [subprocess.Popen([sys.executable, __file__, "--worker", str(port), str(num_processes), str(i), str(workdir),

@@ -136,7 +136,8 @@ RULES = [
 ]
 
 
-@pytest.mark.parametrize("path,value,message", RULES, ids=[f"{p}={v!r}" for p, v, _ in RULES])
+@pytest.mark.parametrize("path,value,message", RULES,  # ids the same in every process (pytest-xdist checks)
+                         ids=[f"{p}={'<deleted>' if v is _DELETE else repr(v)}" for p, v, _ in RULES])
 def test_each_rule_names_its_field(path, value, message):
   problems = problems_of({path: value})
   assert any(p.startswith(message) for p in problems), problems
