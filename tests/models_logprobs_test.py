@@ -14,6 +14,7 @@ from oapl_jax.models import qwen, vocab_logprobs
 from oapl_jax.models.config import QwenConfig
 
 TINY = QwenConfig.tiny(num_layers=1)
+_PROJECT = lambda w, h: jnp.einsum("...e,ve->...v", h, w)  # pylint: disable=unnecessary-lambda-assignment
 
 
 def _reference(params, config, tokens_BxT, targets_BxT, temperature):
@@ -203,3 +204,41 @@ def test_keeping_the_logits_saves_exactly_one_projection_in_the_backward():
   saved = flops(True) - flops(False)
   one_projection = 2 * config.logprob_chunk_tokens * config.hidden_size * config.vocab_size
   assert abs(saved - one_projection) < 0.05 * one_projection, (saved, one_projection)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_an_entropy_nothing_differentiates_adds_nothing_to_the_backward(recompute):
+  """The trainer logs the entropy under stop_gradient: its cotangent is a symbolic zero, so the backward runs
+  no entropy term over [R, C, V] (before: +12% FLOPs, +43% bytes accessed on these shapes). XLA's cost
+  analysis of the gradient equals that of the same loss without an entropy."""
+  V, E, R, C = 512, 16, 2, 8
+  w = jax.random.normal(jax.random.PRNGKey(1), (V, E))
+  h_RxCxE = jax.random.normal(jax.random.PRNGKey(0), (R, C, E))
+  targets_RxC = jnp.arange(R * C, dtype=jnp.int32).reshape(R, C)
+
+  def cost(with_entropy):
+    def loss(w, h):
+      out = vocab_logprobs.chunk_logprobs(_PROJECT, w, h, targets_RxC, with_entropy=with_entropy, recompute=recompute)
+      if not with_entropy:
+        return jnp.sum(out)
+      return jnp.sum(out[0]) + 0.0 * jnp.sum(jax.lax.stop_gradient(out[1]))
+    c = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(w, h_RxCxE).compile().cost_analysis()
+    c = c[0] if isinstance(c, (list, tuple)) else c
+    return c["flops"], c["bytes accessed"], c["transcendentals"]
+
+  assert cost(True) == cost(False)
+
+
+def test_the_gradient_of_the_entropy_alone_equals_autodiff():
+  """Only the entropy differentiated (the log-probs' cotangent a symbolic zero): the formula's gradient."""
+  w = jax.random.normal(jax.random.PRNGKey(1), (64, 8))
+  h_RxCxE = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
+  targets_RxC = jnp.zeros((2, 3), jnp.int32)
+  ours = jax.grad(lambda w, h: jnp.sum(vocab_logprobs.chunk_logprobs(
+      _PROJECT, w, h, targets_RxC, temperature=0.7, with_entropy=True)[1]), argnums=(0, 1))(w, h_RxCxE)
+
+  def plain(w, h):
+    logq = jax.nn.log_softmax(_PROJECT(w, h) / 0.7, axis=-1)
+    return -jnp.sum(jnp.exp(logq) * logq)
+  for got, want in zip(ours, jax.grad(plain, argnums=(0, 1))(w, h_RxCxE)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
