@@ -84,7 +84,7 @@ def _chunk_bwd(project, temperature, with_entropy, recompute, residuals, cotange
   """(Recompute the logits,) one fused pass to their cotangent (temperature and dtype included), then the
   projection's transpose (two matmuls). A skipped chunk's gradients are zeros. An output nothing
   differentiates (a symbolic zero: the trainer's entropy, a metric under stop_gradient) adds no term, so
-  its pass over [R, C, V] is not run (it was ~25% of the projection's time at Qwen's vocabulary)."""
+  its pass over [R, C, V] is not run (XLA's cost analysis of one chunk: +12% FLOPs, +43% bytes with it)."""
   w, h_RxCxE, targets_RxC, live, logz_RxC, entropy_RxC, kept_logits_RxCxV = residuals
   g_logp_RxC, g_entropy_RxC = (None if isinstance(g, custom_derivatives.SymbolicZero) else g for g in cotangents)
 
