@@ -11,7 +11,7 @@ import scipy.stats
 
 from oapl_jax import parallel
 from oapl_jax.models import api, hf, qwen
-from oapl_jax.sampler import core, rollout
+from oapl_jax.sampler import core, rollout, sampling
 from oapl_jax.sampler.sampling import sample_tokens
 from oapl_jax.sampler.settings import SamplingSettings
 from tests.hf_fixtures import make_hf_checkpoint
@@ -234,9 +234,9 @@ def test_snapshot_is_per_layer_and_the_jitted_core_refuses_the_trainer_layout(mo
     sampler.prefill(params, [[1, 2, 3]])
 
 
-def test_two_level_sampling_on_a_vocab_that_is_not_a_block_multiple():
-  """V = 1000 (blocks of 32, the last one padded), top-k 7 of a random row: every draw is in the
-  top-7 set, the padding is never drawn, and the frequencies match the renormalised softmax."""
+def test_two_level_sampling_with_top_k_keeps_the_set_and_its_frequencies():
+  """V = 1000 (25 blocks of 40), top-k 7 of a random row whose likeliest token ends the last block: every draw
+  is in the top-7 set and the frequencies match the renormalised softmax."""
   logits_V = np.random.RandomState(3).normal(size=1000).astype(np.float32) * 2
   logits_V[-1] = logits_V.max() + 1  # the last real token, right before the padding, is the likeliest
   n = 20000
@@ -248,6 +248,26 @@ def test_two_level_sampling_on_a_vocab_that_is_not_a_block_multiple():
   probs = scipy.special.softmax(logits_V[top7].astype(np.float64))
   observed = np.array([(tokens == t).sum() for t in top7])
   assert scipy.stats.chisquare(observed, n * probs).pvalue > 1e-3
+
+
+def test_blocks_tile_the_vocabulary_near_its_square_root():
+  got = {V: sampling.block_size(V) for V in (256, 1000, 151936, 152064, 997)}
+  assert got == {256: 16, 1000: 40, 151936: 1187, 152064: 396, 997: 997}
+  assert all(V % b == 0 for V, b in got.items())
+
+
+def test_greedy_takes_the_first_maximum_across_blocks_and_reports_the_log_softmax():
+  """Ties for the maximum in different blocks (V = 1000, blocks of 40): the first wins, as with np.argmax;
+  the log-prob is the plain log-softmax of the raw logits, at any temperature <= 0."""
+  rng = np.random.RandomState(5)
+  logits_SxV = rng.normal(size=(6, 1000)).astype(np.float32)
+  ties = [(0, 3, 999), (1, 39, 40), (2, 500, 520), (3, 0, 1), (4, 960, 999), (5, 123, 124)]
+  for row, first, second in ties:
+    logits_SxV[row, [first, second]] = logits_SxV[row].max() + 2.0
+  tokens, logp = sample_tokens(logits_SxV, np.full(6, 0.99, np.float32), 0.0, 0.5, 3)
+  np.testing.assert_array_equal(np.asarray(tokens), [first for _, first, _ in ties])
+  log_softmax = scipy.special.log_softmax(logits_SxV.astype(np.float64), axis=-1)
+  np.testing.assert_allclose(np.asarray(logp), log_softmax[np.arange(6), np.asarray(tokens)], atol=1e-6)
 
 
 def test_cache_buckets_are_powers_of_two_and_their_three_quarters():
@@ -280,10 +300,11 @@ def test_decoding_on_a_growing_cache_equals_decoding_on_the_full_one(sampler):
     sampler.init_decode_state(SamplingSettings(max_new_tokens=12), max_len=40, cache_len=41)
 
 
-@pytest.mark.parametrize("V", [256, 1000, 151936 // 64])
+@pytest.mark.parametrize("V", [256, 1000, 151936 // 64, 997])
 def test_two_level_draw_is_the_flat_inverse_cdf(V):
   """Each draw equals a float64 flat inverse CDF of the same uniform (numpy searchsorted over the whole
-  softmax), away from rounding at a token's boundary; V = 1000 and 2374 end in a partial block."""
+  softmax), away from rounding at a token's boundary. Blocks: 16 x 16, 25 x 40, 2 x 1187, and one of 997 (a
+  prime: the flat CDF itself)."""
   rng = np.random.RandomState(V)
   logits_SxV = (rng.normal(size=(512, V)) * 3).astype(np.float32)
   uniforms_S = rng.uniform(size=512).astype(np.float32)
