@@ -1,0 +1,98 @@
+"""Where a decode step's time goes: XLA's own per-op trace of the sampler's jitted decode loop, by source op.
+
+    python -m benchmarks.decode_profile                                          # tiny model, 64 slots
+    python -m benchmarks.decode_profile --width qwen3_0p6b --layers 4 --batch 64  # real width
+
+Compiles `Sampler.decode` for --steps steps at a full batch, runs it once to warm up, then once under
+`jax.profiler.trace`. The trace's events (XLA thunks, one per fused op) are summed by name and labelled with the
+op they came from (the `op_name` of the fusion in the compiled HLO; the same op in every layer adds up), then printed as thread-milliseconds per
+decode step and as a share of the step's wall time. XLA runs independent thunks on several threads, so the
+shares can add up to more than 100%. A benchmark, not a test.
+"""
+import argparse
+import collections
+import glob
+import re
+import tempfile
+import time
+
+import jax
+import numpy as np
+from jax.profiler import ProfileData
+
+from benchmarks import sampler_bench, train_bench
+from oapl_jax.models import api, hf
+from oapl_jax.sampler import core
+from oapl_jax.sampler.settings import SamplingSettings
+
+_OP_NAME = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = .*?op_name="([^"]+)"', re.M)
+
+
+def op_labels(hlo_text: str) -> dict[str, str]:
+  """Instruction name -> the JAX op it came from, without the jit/while prefixes."""
+  return {name: re.sub(r"^jit\([^)]*\)/(while/body/)?", "", op) for name, op in _OP_NAME.findall(hlo_text)}
+
+
+def thread_times(trace_dir: str) -> collections.Counter:
+  """Summed nanoseconds per event name over XLA's worker threads."""
+  path = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[-1]
+  totals = collections.Counter()
+  for plane in ProfileData.from_file(path).planes:
+    for line in plane.lines:
+      if line.name.startswith("tf_XLAEigen"):
+        for event in line.events:
+          if event.name != "ThunkExecutor::Execute":
+            totals[event.name] += event.duration_ns
+  return totals
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--width", choices=sorted(train_bench.WIDTHS), default="tiny")
+  ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--batch", type=int, default=64)
+  ap.add_argument("--prompt_length", type=int, default=8)
+  ap.add_argument("--cache_len", type=int, default=144, help="decode over a cache of this many positions")
+  ap.add_argument("--steps", type=int, default=8)
+  ap.add_argument("--top", type=int, default=15)
+  args = ap.parse_args(argv)
+
+  with tempfile.TemporaryDirectory() as tmp:
+    sampler_bench.make_checkpoint(tmp, hf_config=train_bench.hf_config(args.width, args.layers))
+    config, params = hf.load(tmp)
+  S = args.batch
+  sampler = core.Sampler(api.for_config(config), num_slots=S, max_prefill_length=max(16, args.prompt_length),
+                         max_new_tokens=args.cache_len)
+  sampler.refresh(params)
+  prompts = np.random.RandomState(0).randint(0, config.vocab_size, (S, args.prompt_length)).tolist()
+  settings = SamplingSettings(max_new_tokens=args.cache_len - args.prompt_length)
+  state = sampler.init_decode_state(settings, max_len=args.cache_len)
+  state = sampler.insert(sampler.prefill(sampler.params, prompts), state, range(S), range(S),
+                         sampler.sample_keys(0, range(S), [0] * S))
+  steps = np.int32(args.steps)
+  with sampler.layout.context():
+    compiled = sampler._decode.lower(sampler.params, state, steps).compile()
+  labels = op_labels(compiled.as_text())
+  state = jax.block_until_ready(compiled(sampler.params, state, steps))  # warm-up
+  with tempfile.TemporaryDirectory() as trace_dir:
+    start = time.perf_counter()
+    with jax.profiler.trace(trace_dir):
+      state = jax.block_until_ready(compiled(sampler.params, state, steps))
+    wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
+    totals = thread_times(trace_dir)
+
+  print(f"{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}; {S} slots, cache "
+        f"{args.cache_len}; {args.steps} steps traced: {wall_ms:.1f} ms a step (wall, profiler on)")
+  by_op, fusions = collections.Counter(), collections.Counter()
+  for name, ns in totals.items():  # one op's fusions in every layer add up under its label
+    by_op[labels.get(name, name)] += ns
+    fusions[labels.get(name, name)] += 1
+  print(f"{'thread ms/step':>14} {'% of wall':>9} {'fusions':>7}  op")
+  for op, ns in by_op.most_common(args.top):
+    ms = ns / 1e6 / args.steps
+    print(f"{ms:>14.2f} {ms / wall_ms:>9.1%} {fusions[op]:>7}  {op}")
+  print(f"{sum(by_op.values()) / 1e6 / args.steps:>14.2f} {'':>9} {len(totals):>7}  all ops")
+
+
+if __name__ == "__main__":
+  main()
