@@ -8,7 +8,7 @@
     hidden_BxTxE, cache = model.forward_with_cache(snapshot, tokens_BxT, positions_BxT, cache)
     logits_BxV = model.logits(snapshot, hidden_BxE)
 
-A family implements `CausalLM` (Qwen: models/qwen.py `QwenLM`) and registers its config type in
+A family implements `CausalLM` (Qwen: models/qwen_lm.py `QwenLM`) and registers its config type in
 `for_config`. The trainer and the sampler never import a family module, so a second family or a new
 attention kernel changes no code in rl/ or sampler/.
 """
@@ -82,7 +82,7 @@ class CausalLM(Protocol):
 
 def for_config(config: Any) -> CausalLM:
   """The CausalLM for a family config."""
-  from oapl_jax.models import config as configs, qwen  # pylint: disable=import-outside-toplevel
+  from oapl_jax.models import config as configs, qwen_lm  # pylint: disable=import-outside-toplevel
   if isinstance(config, configs.QwenConfig):
-    return qwen.QwenLM(config)
+    return qwen_lm.QwenLM(config)
   raise TypeError(f"no model family for config type {type(config).__name__}")
