@@ -256,6 +256,16 @@ def test_blocks_tile_the_vocabulary_near_its_square_root():
   assert all(V % b == 0 for V, b in got.items())
 
 
+def test_the_unfiltered_draw_keeps_no_vocabulary_sized_temporary():
+  """The draw reads [S, V] logits through reductions and a gather of one block: XLA's temporaries stay far below
+  one [S, V] float32 array (8 MiB here; writing exp(z - max) as weights, as before, needs one of them)."""
+  S, V = 64, 32768
+  draw = jax.jit(lambda l_SxV, u_S, inv_t, greedy: sampling._draw(l_SxV, u_S, inv_t, greedy))
+  compiled = draw.lower(jax.ShapeDtypeStruct((S, V), np.float32), jax.ShapeDtypeStruct((S,), np.float32),
+                        np.float32(1.0), np.bool_(False)).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < S * V * 4 / 8
+
+
 def test_greedy_takes_the_first_maximum_across_blocks_and_reports_the_log_softmax():
   """Ties for the maximum in different blocks (V = 1000, blocks of 40): the first wins, as with np.argmax;
   the log-prob is the plain log-softmax of the raw logits, at any temperature <= 0."""
