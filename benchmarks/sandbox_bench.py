@@ -14,7 +14,7 @@ import json
 import os
 import time
 
-from oapl_jax.tasks import code_reward, sandbox
+from oapl_jax.tasks import code_reward, sandbox, sandbox_pool
 
 PROGRAMS = {
     "trivial": "print('hello')\n",
@@ -31,7 +31,7 @@ def harness_job(num_tests: int) -> sandbox.Job:
 
 
 def bench(name: str, job: sandbox.Job, workers: int, runs: int) -> dict:
-  with sandbox.SandboxPool(workers, limits=sandbox.Limits(wall_s=30.0)) as pool:
+  with sandbox_pool.SandboxPool(workers, limits=sandbox.Limits(wall_s=30.0)) as pool:
     pool.run_batch([job])  # warm-up (page cache, thread start)
     before = pool.stats()
     start = time.perf_counter()

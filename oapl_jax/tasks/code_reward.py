@@ -54,7 +54,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from oapl_jax.tasks import base, sandbox
+from oapl_jax.tasks import base, sandbox, sandbox_pool
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _HARNESS_START_S = 5.0  # harness start-up and prelude imports, on top of the tests' own time
@@ -403,7 +403,7 @@ class CodeReward:
                max_tests: int | None = None, memory_bytes: int = 1 << 30, output_bytes: int = 32 << 20,
                total_output_bytes: int = 256 << 20, config: sandbox.SandboxConfig = sandbox.SandboxConfig()):
     self.settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes, output_bytes, total_output_bytes)
-    self.pool = sandbox.SandboxPool(num_workers, config=config)
+    self.pool = sandbox_pool.SandboxPool(num_workers, config=config)
 
   def __call__(self, records: Sequence[Mapping | str], responses: Sequence[str]) -> base.RewardResult:
     if len(records) != len(responses):
@@ -427,7 +427,7 @@ class CodeReward:
       timeouts += timed_out
     return base.RewardResult(rewards, num_failed=failed, num_timeout=timeouts)
 
-  def stats(self) -> sandbox.PoolStats:
+  def stats(self) -> sandbox_pool.PoolStats:
     return self.pool.stats()
 
   def close(self) -> None:

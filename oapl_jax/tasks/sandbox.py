@@ -46,7 +46,6 @@ output_limit (stdout cap or SIGXFSZ), killed (another signal), sandbox_error.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import itertools
 import logging
@@ -61,7 +60,6 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -143,23 +141,12 @@ class Job:
   limits: Limits | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class PoolStats:
-  """runs_per_s: completed runs per second of time with at least one run in flight."""
-  runs: int
-  busy_s: float
-
-  @property
-  def runs_per_s(self) -> float:
-    return self.runs / self.busy_s if self.busy_s > 0 else 0.0
-
-
 # The launcher's whole text, passed to the child interpreter with -c (read, not imported: see its docstring).
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py"), encoding="utf-8") as _f:
   _LAUNCHER_SOURCE = _f.read()
 
 
-# ---- The parent side: one run, the isolation probe, the pool. ----
+# ---- The parent side: one run and the isolation probe (the pool: sandbox_pool.py). ----
 
 _slots = itertools.count()  # worker slots, unique in this process (root runs use uid base + slot)
 _local = threading.local()
@@ -351,10 +338,10 @@ def _classify(status: dict, limits: Limits, stderr: bytes, over: bool, backstop:
 
 def detect_isolation(config: SandboxConfig = SandboxConfig()) -> str:
   """"namespaces" or "fallback", probed once per config; SandboxError if programs cannot run."""
-  return _resolve(config)[0]
+  return resolve_isolation(config)[0]
 
 
-def _resolve(config: SandboxConfig) -> tuple[str, SandboxConfig]:
+def resolve_isolation(config: SandboxConfig) -> tuple[str, SandboxConfig]:
   """(isolation, the config runs use): the config itself, or, for the fallback as root with the
   default interpreter out of the unused uid's reach, the same with a system python."""
   key = dataclasses.astuple(config) + (config.interpreter(),)
@@ -438,66 +425,8 @@ def _ancestors(path: str) -> list[str]:
   return ["/"] + ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-class SandboxPool:
-  """Runs programs in parallel: `num_workers` threads, each driving one sandboxed child at a time.
-
-  submit() returns at once; run_batch() blocks only until its own jobs are done. stats() gives the
-  throughput for the trainer's log.
-  """
-
-  def __init__(self, num_workers: int = 2, limits: Limits = Limits(), config: SandboxConfig = SandboxConfig()):
-    if num_workers < 1:
-      raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    self.limits, self.config = limits, config
-    self.isolation, self._run_config = _resolve(config)
-    self._executor = cf.ThreadPoolExecutor(num_workers, thread_name_prefix="sandbox")
-    self._lock = threading.Lock()
-    self._in_flight = self._runs = 0
-    self._busy_s = self._busy_since = 0.0
-
-  def submit(self, source: str, stdin: bytes = b"", limits: Limits | None = None) -> cf.Future:
-    """A future of the RunResult of `source` run with `stdin`."""
-    with self._lock:
-      if self._in_flight == 0:
-        self._busy_since = time.monotonic()
-      self._in_flight += 1
-    try:
-      future = self._executor.submit(run_once, source, stdin, limits or self.limits, self._run_config,
-                                     self.isolation)
-    except BaseException:
-      self._done(None, count=False)
-      raise
-    future.add_done_callback(self._done)
-    return future
-
-  def _done(self, _, count: bool = True) -> None:
-    with self._lock:
-      self._in_flight -= 1
-      self._runs += count
-      if self._in_flight == 0:
-        self._busy_s += time.monotonic() - self._busy_since
-
-  def run_batch(self, jobs: Sequence[Job]) -> list[RunResult]:
-    futures = [self.submit(j.source, j.stdin, j.limits) for j in jobs]
-    return [f.result() for f in futures]
-
-  def stats(self) -> PoolStats:
-    with self._lock:
-      busy = self._busy_s + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
-      return PoolStats(runs=self._runs, busy_s=busy)
-
-  def close(self) -> None:
-    self._executor.shutdown(wait=True, cancel_futures=True)
-
-  def __enter__(self) -> "SandboxPool":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-
 def run(source: str, stdin: bytes = b"", limits: Limits = Limits(),
         config: SandboxConfig = SandboxConfig()) -> RunResult:
   """Runs one program in the sandbox (in this thread) and returns how it ended."""
-  isolation, run_config = _resolve(config)
+  isolation, run_config = resolve_isolation(config)
   return run_once(source, stdin, limits, run_config, isolation)
