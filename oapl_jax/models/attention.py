@@ -154,6 +154,11 @@ def _fold_q_blocks(x_BxTxKxGx_, block):
   return x.reshape(nq, B, K, G * bq, *x.shape[5:])
 
 
+def _fold_q_positions(q_pos_BxT, block, G):
+  """Query positions along the folded axis, [nq, B, G * bq]; padded rows get int32 min and see no key."""
+  return jnp.tile(_to_blocks(q_pos_BxT, block, jnp.iinfo(jnp.int32).min), (1, 1, G))
+
+
 def _unfold_q_blocks(x_NxBxKxQx_, G, length):
   """[nq, B, K, G * bq, ...] -> [B, T, K, G, ...] (inverse of _fold_q_blocks)."""
   nq, B, K, Q = x_NxBxKxQx_.shape[:4]
@@ -183,7 +188,7 @@ def _blockwise_forward(q, k, v, q_pos, kv_pos, kv_valid, block_q, block_kv):
   K = k.shape[2]
   G, scale = H // K, 1.0 / math.sqrt(D)
   q_blocks = _fold_q_blocks(q.reshape(B, T, K, G, D), block_q)
-  q_pos_blocks = jnp.tile(_to_blocks(q_pos, block_q, jnp.iinfo(jnp.int32).min), (1, 1, G))  # padded rows see nothing
+  q_pos_blocks = _fold_q_positions(q_pos, block_q, G)
   kv_blocks = (_kv_blocks(k, block_kv), _kv_blocks(v, block_kv),
                _to_blocks(kv_pos, block_kv, 0), _to_blocks(kv_valid, block_kv, False))
   Q = G * block_q
@@ -229,7 +234,7 @@ def _blockwise_backward(block_q, block_kv, residuals, dout_BxTxHxD):
   delta_BxTxKxG = jnp.sum(dout_BxTxHxD.astype(jnp.float32) * out.astype(jnp.float32), -1).reshape(B, T, K, G)
   q_side = (_fold_q_blocks(as5(q), block_q), _fold_q_blocks(as5(dout_BxTxHxD), block_q), lse_blocks,
             _fold_q_blocks(delta_BxTxKxG, block_q),
-            jnp.tile(_to_blocks(q_pos, block_q, jnp.iinfo(jnp.int32).min), (1, 1, G)))
+            _fold_q_positions(q_pos, block_q, G))
   kv_side = (_kv_blocks(k, block_kv), _kv_blocks(v, block_kv),
              _to_blocks(kv_pos, block_kv, 0), _to_blocks(kv_valid, block_kv, False))
 
