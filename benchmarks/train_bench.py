@@ -16,8 +16,7 @@ model) and the ratio. The first-step losses are printed as a check that both com
 Each side's rate is also given as a fraction of this CPU's measured compute ceiling (benchmarks/ceiling.py,
 the best float32 matmul rate of either library): model FLOPs (6 x matmul weights x tokens + attention, what
 one step needs) per second over the ceiling, and for ours also the FLOPs it executes (recomputation included).
-The 'bound' line is the ratio ours would reach with every executed FLOP at the ceiling: no step with these FLOPs
-can beat it here. A benchmark, not a test.
+A benchmark, not a test.
 """
 import argparse
 import os
@@ -170,8 +169,6 @@ def main():
         f"GFLOP/s ({flops['model'] / torch_s / 1e9 / top:.0%}); jax executes {flops['executed'] / 1e9:.1f} G "
         f"({flops['executed'] / jax_s / 1e9 / top:.0%} of the ceiling; the vocabulary projection on "
         f"{vocab_tokens} of {tokens} tokens, the chunks holding response tokens)")
-  floor_s = flops["executed"] / 1e9 / top  # every FLOP ours executes at the best matmul rate measured here
-  print(f"bound: at 100% of the ceiling ours would take {floor_s:.1f} s a step, at most {torch_s / floor_s:.2f}x torch")
 
 
 if __name__ == "__main__":
