@@ -57,7 +57,6 @@ def run_contained(body, limits=sandbox.Limits(wall_s=1.0), config=sandbox.Sandbo
   return result
 
 
-
 needs_root_and_system_python = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
     reason="needs root (to switch users) and a system python readable by every uid")
