@@ -4,10 +4,10 @@
     python -m benchmarks.decode_profile --width qwen3_0p6b --layers 4 --batch 64  # real width
 
 Compiles `Sampler.decode` for --steps steps at a full batch, runs it once to warm up, then once under
-`jax.profiler.trace`. The trace's events (XLA thunks, one per fused op) are summed by name and labelled with the
-op they came from (the `op_name` of the fusion in the compiled HLO; the same op in every layer adds up), then printed as thread-milliseconds per
-decode step and as a share of the step's wall time. XLA runs independent thunks on several threads, so the
-shares can add up to more than 100%. A benchmark, not a test.
+`jax.profiler.trace`. The trace's events (XLA thunks, one per fused op, on whichever thread ran them) are summed by
+name and labelled with the op they came from (the `op_name` of the fusion in the compiled HLO; the same op in every
+layer adds up), then printed as thread-milliseconds per decode step and as a share of the step's wall time. XLA
+runs independent thunks on several threads, so the shares can add up to more than 100%. A benchmark, not a test.
 """
 import argparse
 import collections
@@ -26,6 +26,7 @@ from oapl_jax.sampler import core
 from oapl_jax.sampler.settings import SamplingSettings
 
 _OP_NAME = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = .*?op_name="([^"]+)"', re.M)
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = ', re.M)
 
 
 def op_labels(hlo_text: str) -> dict[str, str]:
@@ -33,16 +34,27 @@ def op_labels(hlo_text: str) -> dict[str, str]:
   return {name: re.sub(r"^jit\([^)]*\)/(while/body/)?", "", op) for name, op in _OP_NAME.findall(hlo_text)}
 
 
-def thread_times(trace_dir: str) -> collections.Counter:
-  """Summed nanoseconds per event name over XLA's worker threads."""
-  path = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[-1]
+def thread_times(profile: ProfileData, instructions) -> collections.Counter:
+  """Summed self-time nanoseconds per HLO instruction, over every thread of the trace.
+
+  XLA usually runs thunks on its `tf_XLAEigen` pool, but on a loaded host it runs some inline on the calling
+  thread, so every thread counts. Only events named after an instruction of the compiled program count (not
+  the executor's own wrappers), and each by its self time: a thunk that ran its body inline (a while, a cond)
+  does not count its body twice."""
   totals = collections.Counter()
-  for plane in ProfileData.from_file(path).planes:
+  for plane in profile.planes:
     for line in plane.lines:
-      if line.name.startswith("tf_XLAEigen"):
-        for event in line.events:
-          if event.name != "ThunkExecutor::Execute":
-            totals[event.name] += event.duration_ns
+      events = sorted((e for e in line.events if e.name in instructions), key=lambda e: (e.start_ns, -e.end_ns))
+      open_events = []  # [name, end_ns, self_ns] of the enclosing events
+      for event in events + [None]:
+        while open_events and (event is None or event.start_ns >= open_events[-1][1]):
+          name, _, self_ns = open_events.pop()
+          totals[name] += self_ns
+        if event is None:
+          break
+        if open_events:
+          open_events[-1][2] -= event.duration_ns
+        open_events.append([event.name, event.end_ns, event.duration_ns])
   return totals
 
 
@@ -72,14 +84,16 @@ def main(argv=None):
   steps = np.int32(args.steps)
   with sampler.layout.context():
     compiled = sampler._decode.lower(sampler.params, state, steps).compile()
-  labels = op_labels(compiled.as_text())
+  hlo_text = compiled.as_text()
+  labels = op_labels(hlo_text)
   state = jax.block_until_ready(compiled(sampler.params, state, steps))  # warm-up
   with tempfile.TemporaryDirectory() as trace_dir:
     start = time.perf_counter()
     with jax.profiler.trace(trace_dir):
       state = jax.block_until_ready(compiled(sampler.params, state, steps))
     wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
-    totals = thread_times(trace_dir)
+    profile = ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[-1])
+    totals = thread_times(profile, set(_INSTRUCTION.findall(hlo_text)))
 
   print(f"{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}; {S} slots, cache "
         f"{args.cache_len}; {args.steps} steps traced: {wall_ms:.1f} ms a step (wall, profiler on)")
@@ -91,7 +105,8 @@ def main(argv=None):
   for op, ns in by_op.most_common(args.top):
     ms = ns / 1e6 / args.steps
     print(f"{ms:>14.2f} {ms / wall_ms:>9.1%} {fusions[op]:>7}  {op}")
-  print(f"{sum(by_op.values()) / 1e6 / args.steps:>14.2f} {'':>9} {len(totals):>7}  all ops")
+  all_ms = sum(by_op.values()) / 1e6 / args.steps
+  print(f"{all_ms:>14.2f} {all_ms / wall_ms:>9.1%} {len(totals):>7}  all ops")
 
 
 if __name__ == "__main__":

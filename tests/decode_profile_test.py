@@ -1,5 +1,7 @@
 """benchmarks/decode_profile labels XLA's trace of the decode loop by source op: on a model whose vocabulary is
 much wider than its layers, the vocabulary projection is the op that takes the most thread time."""
+from jax.profiler import ProfileData
+
 from benchmarks import decode_profile
 
 
@@ -9,6 +11,24 @@ def test_fusions_are_labelled_with_the_op_they_came_from():
          '  ROOT %tuple.1 = (f32[]) tuple(%c), metadata={op_name="jit(decode_fn)/tuple"}\n')
   assert decode_profile.op_labels(hlo) == {"ynn_fusion.8": "Qwen.logits/embed.attend/dot_general",
                                            "tuple.1": "tuple"}
+
+
+def _event(name_id, start_us, duration_us):
+  return f"events {{ metadata_id: {name_id} offset_ps: {start_us * 10**6} duration_ps: {duration_us * 10**6} }}"
+
+
+def test_thunks_count_on_every_thread_by_self_time():
+  """A loaded host runs some thunks inline on the calling thread, inside the while that owns them: they must count
+  there too, and the while only for its own time; the executor's wrappers are not instructions."""
+  names = {1: "while.1", 2: "ynn_fusion.8", 3: "ThunkExecutor::Execute", 4: "cond.2"}
+  caller = " ".join([_event(1, 0, 10), _event(2, 1, 6), _event(3, 2, 1), _event(4, 8, 1)])
+  pool = " ".join([_event(2, 0, 5), _event(3, 5, 2)])
+  metadata = " ".join(f'event_metadata {{ key: {k} value {{ id: {k} name: "{v}" }} }}' for k, v in names.items())
+  profile = ProfileData.from_text_proto(
+      f'planes {{ name: "/host:CPU" lines {{ name: "tf_XLAPjRtCpuClient/1" timestamp_ns: 0 {caller} }} '
+      f'lines {{ name: "tf_XLAEigen/2" timestamp_ns: 0 {pool} }} {metadata} }}')
+  totals = decode_profile.thread_times(profile, {"while.1", "ynn_fusion.8", "cond.2"})
+  assert totals == {"while.1": 3_000, "ynn_fusion.8": 11_000, "cond.2": 1_000}
 
 
 def test_the_projection_leads_the_profile_of_a_wide_vocabulary(capsys, monkeypatch):
