@@ -11,7 +11,9 @@ the median of the per-pair ratios (a pair runs back to back, so drifts in machin
 move both sides, mostly cancel). Also prints the wall time of a snapshot refresh (trainer f32
 params -> sampler mesh, f32 and bf16). Each side's rate is also given as a fraction of this CPU's measured
 compute ceiling (benchmarks/ceiling.py, the best f32 matmul rate of either library): decode FLOPs (2 x matmul
-weights + attention over the tokens so far, per generated token) per second over the ceiling.
+weights + attention over the tokens so far, per generated token) per second over the ceiling. With --floor, each
+pair is followed by a timing of the matmuls our run cannot skip (benchmarks/matmul_floor.py, faster library per
+shape); the median of HF's time over that floor, "reachable <=", bounds the ratio a sampler running those float32 matmuls reaches here.
 A benchmark, not a test.
 """
 import argparse
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 import transformers
 
-from benchmarks import ceiling, train_bench
+from benchmarks import ceiling, matmul_floor, train_bench
 from oapl_jax import compile_check
 from oapl_jax.models import api, hf
 from oapl_jax.sampler import core, rollout
@@ -70,17 +72,18 @@ def hf_runner(model, prompts, new_tokens):
   return run
 
 
-def time_interleaved(ours, theirs, repeats):
+def time_interleaved(ours, theirs, repeats, floor=None):
   """Alternate the two (after one warm-up each) so drifts in machine load hit both alike.
   Returns (our median seconds per run, theirs, the median of their/our time per pair, our
-  compile + first run seconds)."""
+  compile + first run seconds, the median of their time / `floor()` per pair, or None without a floor)."""
   start = time.perf_counter()
   ours(0)
   compile_s = time.perf_counter() - start
   theirs(0)
-  times = [(ours(r + 1), theirs(r + 1)) for r in range(repeats)]
-  return (statistics.median(t for t, _ in times), statistics.median(t for _, t in times),
-          statistics.median(b / a for a, b in times), compile_s)
+  times = [(ours(r + 1), theirs(r + 1), floor() if floor else None) for r in range(repeats)]
+  return (statistics.median(t for t, _, _ in times), statistics.median(t for _, t, _ in times),
+          statistics.median(b / a for a, b, _ in times), compile_s,
+          statistics.median(b / f for _, b, f in times) if floor else None)
 
 
 def time_refresh(model, trainer_params, dtype):
@@ -102,6 +105,9 @@ def main(argv=None):
   ap.add_argument("--steps_per_sync", type=int, default=16)
   ap.add_argument("--width", choices=["tiny", *sorted(set(train_bench.WIDTHS) - {"tiny"})], default="tiny")
   ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--floor", action="store_true",
+                  help="after each pair, time our run's matmul floor (benchmarks/matmul_floor.py): their time over "
+                       "it bounds the ratio reachable here")
   args = ap.parse_args(argv)
 
   hf_cfg = None if args.width == "tiny" else train_bench.hf_config(args.width, args.layers)
@@ -128,13 +134,17 @@ def main(argv=None):
     sampler = core.Sampler(model, num_slots=batch, max_prefill_length=max(16, args.prompt_length),
                            max_new_tokens=args.new_tokens)
     sampler.refresh(params)
-    ours_s, theirs_s, speedup, compile_s = time_interleaved(
+    # A run's floor: new_tokens vocabulary projections of `batch` rows (prefill scores the first) and at least
+    # as many layer passes; prefill's other positions, attention and sampling only add to it.
+    shapes = matmul_floor.decode_shapes(config, batch)
+    floor = (lambda: args.new_tokens * matmul_floor.floor_seconds(shapes)) if args.floor else None
+    ours_s, theirs_s, speedup, compile_s, bound = time_interleaved(
         ours_runner(sampler, prompts, args.new_tokens, args.steps_per_sync),
-        hf_runner(torch_model, prompts, args.new_tokens), args.repeats)
+        hf_runner(torch_model, prompts, args.new_tokens), args.repeats, floor)
     ours, theirs = batch * args.new_tokens / ours_s, batch * args.new_tokens / theirs_s
     fraction = lambda tokens_per_s: flops_per_token * tokens_per_s / 1e9 / top  # noqa: E731
     print(f"{batch:>5} {ours:>11.0f} {theirs:>10.0f} {speedup:>6.2f}x {fraction(ours):>12.1%} "
-          f"{fraction(theirs):>10.1%} {compile_s:>23.2f}")
+          f"{fraction(theirs):>10.1%} {compile_s:>23.2f}" + (f"  reachable <= {bound:.2f}x" if bound else ""))
   for dtype in ("float32", "bfloat16"):
     ms = 1e3 * time_refresh(model, params, dtype)
     print(f"snapshot refresh (f32 trainer params -> {dtype} sampler): {ms:.2f} ms")

@@ -16,6 +16,9 @@ model) and the ratio. The first-step losses are printed as a check that both com
 Each side's rate is also given as a fraction of this CPU's measured compute ceiling (benchmarks/ceiling.py,
 the best float32 matmul rate of either library): model FLOPs (6 x matmul weights x tokens + attention, what
 one step needs) per second over the ceiling, and for ours also the FLOPs it executes (recomputation included).
+With --floor, each round is followed by a timing of the matmuls the step cannot skip (benchmarks/matmul_floor.py):
+the median of torch's step over that floor, "reachable <=", bounds the ratio a step running those float32
+matmuls reaches here.
 A benchmark, not a test.
 """
 import argparse
@@ -97,6 +100,9 @@ def main():
   ap.add_argument("--single_thread", action="store_true", help="one CPU thread for XLA and torch")
   ap.add_argument("--width", choices=sorted(WIDTHS), default="tiny")
   ap.add_argument("--layers", type=int, default=2)
+  ap.add_argument("--floor", action="store_true",
+                  help="after each round, time the step's matmul floor (benchmarks/matmul_floor.py): torch's step "
+                       "over it bounds the ratio reachable here")
   ap.add_argument("--keep_logits", action="store_true",
                   help="model.logprob_recompute=False: the backward reuses the forward's logits, as torch does")
   args = ap.parse_args()
@@ -136,7 +142,11 @@ def main():
   state, _ = jax_steps(state, 1)
   torch_step()
 
-  jax_times, torch_times = [], []
+  from benchmarks import matmul_floor  # local, as below
+  B, G, T = batch["tokens"].shape
+  tokens, response_tokens = B * G * T, int(batch["response_mask"].sum())
+  floor_shapes = matmul_floor.train_shapes(model_config, tokens, response_tokens)
+  jax_times, torch_times, floor_times = [], [], []
   for _ in range(args.rounds):
     t0 = time.perf_counter()
     state, _ = jax_steps(state, args.steps)
@@ -145,9 +155,9 @@ def main():
     for _ in range(args.steps):
       torch_step()
     torch_times.append((time.perf_counter() - t0) / args.steps)
+    if args.floor:
+      floor_times.append(matmul_floor.floor_seconds(floor_shapes))
 
-  B, G, T = batch["tokens"].shape
-  tokens, response_tokens = B * G * T, int(batch["response_mask"].sum())
   jax_s, torch_s = float(np.median(jax_times)), float(np.median(torch_times))
   print(f"batch B={B} x G={G} x T={T} ({tokens} positions, {response_tokens} response tokens); "
         f"jax devices: {jax.devices()[0].platform} x1, torch threads: {torch.get_num_threads()}")
@@ -155,6 +165,12 @@ def main():
   print(f"jax   (oapl_jax jit step):       {jax_s * 1e3:8.1f} ms/step  {tokens / jax_s:10.0f} tokens/s")
   print(f"torch (transformers + AdamW):    {torch_s * 1e3:8.1f} ms/step  {tokens / torch_s:10.0f} tokens/s")
   print(f"speed-up jax / torch: {torch_s / jax_s:.2f}x")
+  if args.floor:  # per round: the floor was timed right after that round's two steps
+    reachable = np.median([t / f for t, f in zip(torch_times, floor_times)])
+    ours_over = np.median([j / f for j, f in zip(jax_times, floor_times)])
+    print(f"matmul floor (every projection's forward and two gradients, the vocabulary's on the response tokens, "
+          f"faster library per shape): {np.median(floor_times) * 1e3:.1f} ms; jax step = {ours_over:.2f} x floor; "
+          f"reachable <= {reachable:.2f}x torch")
   from benchmarks import ceiling  # local: tests import make_batch from here, and these imports take seconds
   from oapl_jax import compile_check
   from oapl_jax.models import vocab_logprobs
