@@ -3,10 +3,10 @@ and in PyTorch, the faster kept, times how often the step runs it, summed.
 
     python -m benchmarks.matmul_floor --width qwen3_0p6b --layers 4 --decode_rows 64 --train_tokens 2048
 
-No implementation of the step in either library can beat this floor by running the same float32 matmuls, and
-everything else a step does (attention, softmax, sampling, the optimizer) comes on top. So a peer's step time
-over our floor, measured in the same minute (this VM's speed drifts by 1.6x over a session), bounds the ratio we
-could reach against that peer. The sampler and train benchmarks measure it between their timed pairs (--floor).
+A step that runs these float32 matmuls through either library takes at least this long (as far as a matmul in a
+program runs no faster than alone: each ratio achieved so far stayed under its bound), and everything else a step
+does (attention, softmax, sampling, the optimizer) comes on top. So a peer's step time over our floor, measured
+in the same minute (this VM's speed drifts by 1.6x over a session), bounds the ratio we could reach against it. The sampler and train benchmarks measure it between their timed pairs (--floor).
 Attention's matmuls are left out, which only lowers the floor. A benchmark, not a test.
 """
 import argparse
