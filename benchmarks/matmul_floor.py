@@ -6,11 +6,13 @@ and in PyTorch, the faster kept, times how often the step runs it, summed.
 A step that runs these float32 matmuls through either library takes at least this long (as far as a matmul in a
 program runs no faster than alone: each ratio achieved so far stayed under its bound), and everything else a step
 does (attention, softmax, sampling, the optimizer) comes on top. So a peer's step time over our floor, measured
-in the same minute (this VM's speed drifts by 1.6x over a session), bounds the ratio we could reach against it. The sampler and train benchmarks measure it between their timed pairs (--floor).
-Attention's matmuls are left out, which only lowers the floor. A benchmark, not a test.
+in the same minute (this VM's speed drifts by 1.6x over a session), bounds the ratio we could reach against it.
+The sampler and train benchmarks measure it between their timed pairs (--floor). Attention's matmuls are left
+out, which only lowers the floor. A benchmark, not a test.
 """
 import argparse
 import collections
+import tempfile
 import time
 
 import jax
@@ -69,14 +71,22 @@ def time_shape(m: int, k: int, n: int, repeats: int = 2) -> dict:
   return out
 
 
+def time_shapes(shapes, repeats: int = 2) -> dict:
+  """{(m, k, n): time_shape(m, k, n)} for every shape."""
+  return {shape: time_shape(*shape, repeats=repeats) for shape in shapes}
+
+
+def floor_from(shapes: collections.Counter, times: dict) -> float:
+  """Sum over shapes of count x the faster library's time."""
+  return sum(count * min(times[shape].values()) for shape, count in shapes.items())
+
+
 def floor_seconds(shapes: collections.Counter, repeats: int = 2) -> float:
-  """Sum over shapes of count x the faster library's best time."""
-  return sum(count * min(time_shape(*shape, repeats=repeats).values()) for shape, count in shapes.items())
+  return floor_from(shapes, time_shapes(shapes, repeats))
 
 
 def main(argv=None):
   from benchmarks import sampler_bench, train_bench  # local: those benchmarks import this module
-  import tempfile
   from oapl_jax.models import hf
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--width", choices=sorted(train_bench.WIDTHS), default="tiny")
@@ -92,13 +102,12 @@ def main(argv=None):
                        ("train step", train_shapes(config, args.train_tokens,
                                                    args.vocab_tokens or args.train_tokens))):
     print(f"{name}: {'M x K x N':>24} {'count':>5} {'jax ms':>9} {'torch ms':>9}")
-    total = 0.0
+    times = time_shapes(shapes)
     for shape, count in shapes.items():
-      t = time_shape(*shape)
-      total += count * min(t.values())
+      t = times[shape]
       print(f"{'':>{len(name) + 1}} {' x '.join(map(str, shape)):>24} {count:>5} {1e3 * t['jax']:>9.2f} "
             f"{1e3 * t['torch']:>9.2f}")
-    print(f"{name} floor: {1e3 * total:.1f} ms")
+    print(f"{name} floor: {1e3 * floor_from(shapes, times):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ params -> sampler mesh, f32 and bf16). Each side's rate is also given as a fract
 compute ceiling (benchmarks/ceiling.py, the best f32 matmul rate of either library): decode FLOPs (2 x matmul
 weights + attention over the tokens so far, per generated token) per second over the ceiling. With --floor, each
 pair is followed by a timing of the matmuls our run cannot skip (benchmarks/matmul_floor.py, faster library per
-shape); the median of HF's time over that floor, "reachable <=", bounds the ratio a sampler running those float32 matmuls reaches here.
+shape); the median of HF's time over that floor, "reachable <=", bounds the ratio a sampler running those float32
+matmuls reaches here.
 A benchmark, not a test.
 """
 import argparse
