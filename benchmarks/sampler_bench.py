@@ -38,10 +38,13 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
             num_key_value_heads=2, head_dim=16, rope_theta=10000.0)
 
 
-def make_checkpoint(path: str, seed: int = 0, hf_config=None) -> transformers.PreTrainedModel:
-  """A random checkpoint (the tiny default, or `hf_config`), its weights spread so sampling is not uniform."""
+def make_checkpoint(path: str, seed: int = 0, hf_config=None, device: str = "cpu",
+                    dtype=torch.float32) -> transformers.PreTrainedModel:
+  """A random checkpoint (the tiny default, or `hf_config`), its weights spread so sampling is not uniform.
+  The model is built on `device` in `dtype` and saved in that dtype."""
   torch.manual_seed(seed)
-  model = transformers.Qwen3ForCausalLM(hf_config or transformers.Qwen3Config(**TINY))
+  with torch.device(device):
+    model = transformers.Qwen3ForCausalLM(hf_config or transformers.Qwen3Config(**TINY)).to(dtype)
   with torch.no_grad():
     for p in model.parameters():
       p.add_(0.05 * torch.randn_like(p))
@@ -59,7 +62,7 @@ def ours_runner(sampler, prompts, new_tokens, steps_per_sync):
 
 
 def hf_runner(model, prompts, new_tokens):
-  ids = torch.tensor(prompts)
+  ids = torch.tensor(prompts, device=model.device)
   kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
             do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=0)
 
@@ -68,7 +71,7 @@ def hf_runner(model, prompts, new_tokens):
     start = time.perf_counter()
     with torch.no_grad():
       out = model.generate(ids, **kw)
-    assert out.shape[1] == ids.shape[1] + new_tokens
+    assert out.shape[1] == ids.shape[1] + new_tokens  # on a GPU, reading the shape waits for the tokens
     return time.perf_counter() - start
   return run
 

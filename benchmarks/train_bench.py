@@ -66,16 +66,19 @@ def make_batch(B, G, T, vocab, seed=0, prompt_len=16, min_response=None):
   }
 
 
-def torch_step_fn(model, batch, temperature):
-  """The same OAPL step written with PyTorch: returns step() -> loss (float)."""
+def torch_step_fn(model, batch, temperature, autocast_dtype=None):
+  """The same OAPL step written with PyTorch, on the model's device: returns step() -> loss (float).
+  autocast_dtype (e.g. torch.bfloat16): the model runs under autocast, its float32 weights the master copy."""
   B, G, T = batch["tokens"].shape
-  tt = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+  device = next(model.parameters()).device
+  tt = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.items()}
   tokens, targets, positions = (tt[k].reshape(B * G, T).long() for k in ("tokens", "targets", "positions"))
   mask, sampler, rewards = tt["response_mask"], tt["sampler_token_logp"], tt["rewards"]
   opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
   def step():
-    logits = model(input_ids=tokens, position_ids=positions).logits.float() / temperature
+    with torch.autocast(device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+      logits = model(input_ids=tokens, position_ids=positions).logits.float() / temperature
     logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0].reshape(B, G, T)
     seq_policy, seq_sampler = (logp * mask).sum(-1), (sampler * mask).sum(-1)
     v_star = BETA1 * (torch.logsumexp(rewards / BETA1, -1) - np.log(G))
@@ -87,6 +90,32 @@ def torch_step_fn(model, batch, temperature):
     return loss.item()
 
   return step
+
+
+def jax_steps_fn(checkpoint: str, batch, temperature, keep_logits=False, compute_dtype="float32", **execution):
+  """Our OAPL train step from an HF `checkpoint` (float32 master weights, `compute_dtype` activations, other
+  models/config.Execution fields in `execution`) on one device: returns (steps(n) -> the last step's metrics, run
+  n steps on `batch` and wait for them; the model config)."""
+  mesh = parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  model_config, params = hf.load(checkpoint, mesh=mesh, dtype="float32", compute_dtype=compute_dtype)
+  model_config = model_config.replace(logprob_recompute=not keep_logits, **execution)
+  config = trainer.TrainConfig(
+      loss="oapl", loss_settings=objectives.OAPLSettings(beta1=BETA1, beta2=BETA2), temperature=temperature,
+      optim=OptimConfig(lr=LR, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=MAX_GRAD_NORM))
+  model, layout = api.for_config(model_config), parallel.Layout(mesh)
+  state = trainer.create_train_state(config, model, params, layout)
+  train_step = trainer.make_train_step(config, model, layout)
+  batch_dev = jax.device_put(batch, trainer.batch_sharding(layout))
+  rng = jax.random.PRNGKey(0)
+
+  def steps(n):
+    nonlocal state
+    for _ in range(n):
+      state, metrics = train_step(state, batch_dev, rng)
+    jax.block_until_ready(state)
+    return metrics
+
+  return steps, model_config
 
 
 def main():
@@ -116,30 +145,13 @@ def main():
   with tempfile.TemporaryDirectory() as ckpt:
     transformers.Qwen3ForCausalLM(hf_cfg).save_pretrained(ckpt)
     torch_model = transformers.Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
-    mesh = parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    model_config, params = hf.load(ckpt, mesh=mesh, dtype="float32")
-  model_config = model_config.replace(logprob_recompute=not args.keep_logits)
-
-  batch = make_batch(args.batch, args.group, args.seq_len, hf_cfg.vocab_size)
-  config = trainer.TrainConfig(
-      loss="oapl", loss_settings=objectives.OAPLSettings(beta1=BETA1, beta2=BETA2), temperature=args.temperature,
-      optim=OptimConfig(lr=LR, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=MAX_GRAD_NORM))
-  model, layout = api.for_config(model_config), parallel.Layout(mesh)
-  state = trainer.create_train_state(config, model, params, layout)
-  train_step = trainer.make_train_step(config, model, layout)
-  batch_dev = jax.device_put(batch, trainer.batch_sharding(layout))
-  rng = jax.random.PRNGKey(0)
-
-  def jax_steps(state, n):
-    for _ in range(n):
-      state, metrics = train_step(state, batch_dev, rng)
-    jax.block_until_ready(state)
-    return state, metrics
+    batch = make_batch(args.batch, args.group, args.seq_len, hf_cfg.vocab_size)
+    jax_steps, model_config = jax_steps_fn(ckpt, batch, args.temperature, keep_logits=args.keep_logits)
 
   torch_step = torch_step_fn(torch_model, batch, args.temperature)
-  state, metrics = jax_steps(state, 1)  # compile + first step; loss is at the shared initial params
+  metrics = jax_steps(1)  # compile + first step; loss is at the shared initial params
   jax_loss0, torch_loss0 = float(metrics["loss"]), torch_step()
-  state, _ = jax_steps(state, 1)
+  jax_steps(1)
   torch_step()
 
   from benchmarks import matmul_floor  # local, as below
@@ -149,7 +161,7 @@ def main():
   jax_times, torch_times, floor_times = [], [], []
   for _ in range(args.rounds):
     t0 = time.perf_counter()
-    state, _ = jax_steps(state, args.steps)
+    jax_steps(args.steps)
     jax_times.append((time.perf_counter() - t0) / args.steps)
     t0 = time.perf_counter()
     for _ in range(args.steps):

@@ -8,7 +8,30 @@ from typing import Mapping, Optional
 
 import jax
 import numpy as np
-from clu import metric_writers
+
+
+class _NoEvents:
+  """Stands in for clu's writers where they cannot import: metrics.jsonl is still written."""
+
+  def write_scalars(self, step, scalars):
+    pass
+
+  def flush(self):
+    pass
+
+  def close(self):
+    pass
+
+
+def _events_writer(workdir: Optional[str]):
+  """clu's TensorBoard writer for `workdir` (None: one that writes nothing). clu's metric_writers
+  import tensorflow; on a host without it (a GPU image, say) the run goes on with metrics.jsonl only."""
+  try:
+    from clu import metric_writers
+  except ImportError as err:
+    logging.warning("no TensorBoard events (clu's writers failed to import: %s); metrics.jsonl is written", err)
+    return _NoEvents()
+  return metric_writers.SummaryWriter(workdir) if workdir else metric_writers.MultiWriter([])
 
 
 class Reporter:
@@ -29,7 +52,7 @@ class Reporter:
     os.makedirs(self.workdir, exist_ok=True)
     self.history_path = os.path.join(self.workdir, "metrics.jsonl")
     self._earlier_attempt = self._logs() if self.is_main else []  # before the writer adds its events file
-    self.writer = metric_writers.SummaryWriter(self.workdir) if self.is_main else metric_writers.MultiWriter([])
+    self.writer = _events_writer(self.workdir if self.is_main else None)
     self._total = total_steps
     self._start = time.perf_counter()
     self._steady: Optional[tuple[float, int]] = None  # (time, step) at the end of this process's first window
@@ -49,7 +72,7 @@ class Reporter:
     for name in os.listdir(self.workdir):
       if name.startswith("events.out.tfevents"):
         os.remove(os.path.join(self.workdir, name))
-    self.writer = metric_writers.SummaryWriter(self.workdir)
+    self.writer = _events_writer(self.workdir)
     for h in kept:
       self.writer.write_scalars(h["step"], {k: v for k, v in h.items() if k != "step"})
 
@@ -108,9 +131,10 @@ class Reporter:
       return [json.loads(line) for line in f if line.strip()]
 
   def finish(self, summary: Mapping[str, object], title: str = "OAPL run summary") -> dict[str, str]:
-    """Writes learning_curve.png and summary.{json,md} (headed `title`); returns their paths."""
+    """Writes learning_curve.png and summary.{json,md} (headed `title`); returns their paths (tensorboard: None
+    where no events were written)."""
     self.writer.flush()
-    paths = {"tensorboard": self.workdir, "curve": os.path.join(self.workdir, "learning_curve.png"),
+    paths = {"tensorboard": None if isinstance(self.writer, _NoEvents) else self.workdir, "curve": os.path.join(self.workdir, "learning_curve.png"),
              "summary": os.path.join(self.workdir, "summary.md")}
     if not self.is_main:
       return paths

@@ -11,5 +11,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "devices(n): needs n JAX devices (this suite fakes 8 CPU ones; a GPU host "
+                                     "has its own count): skipped where fewer are visible")
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    marker = item.get_closest_marker("devices")
+    if marker and jax.device_count() < marker.args[0]:
+      item.add_marker(pytest.mark.skip(reason=f"needs {marker.args[0]} devices; {jax.device_count()} visible"))

@@ -81,6 +81,7 @@ def test_token_logprobs_match_log_softmax_at_temperature(checkpoint):
     np.testing.assert_allclose(np.asarray(entropy), want_entropy, atol=1e-4)
 
 
+@pytest.mark.devices(8)
 def test_sharded_forward_equals_single_device(checkpoint):
   path, _ = checkpoint
   assert jax.device_count() == 8
@@ -103,6 +104,7 @@ def test_sharded_forward_equals_single_device(checkpoint):
   np.testing.assert_allclose(np.asarray(sharded), np.asarray(single), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.devices(8)
 def test_params_born_sharded_from_init():
   config = qwen.QwenConfig.tiny()
   mesh = parallel.make_mesh((1, 4, 2))

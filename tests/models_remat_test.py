@@ -56,6 +56,7 @@ def test_execution_gives_the_plain_models_loss_and_gradients(execution):
   _assert_same(_value_and_grad(variant, params, tokens, weights), _value_and_grad(config, params, tokens, weights))
 
 
+@pytest.mark.devices(8)
 def test_sharded_offload_with_pieces_gives_the_plain_models_gradients():
   config, params, tokens, weights = _problem()
   mesh = parallel.make_mesh((1, 4, 2))

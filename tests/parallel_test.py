@@ -30,6 +30,7 @@ def test_rules_overrides_and_axis_size():
   assert parallel.axis_size(mesh, parallel.DEFAULT_RULES, "head_dim") == 1
 
 
+@pytest.mark.devices(8)
 def test_reshard_moves_blocks_and_never_aliases():
   mesh = parallel.make_mesh((1, 4, 2))
   x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("fsdp", "tensor")))

@@ -2,6 +2,7 @@
 same train steps on the same rows as a plain loop over the whole numpy batch."""
 import jax
 import numpy as np
+import pytest
 
 from oapl_jax import objectives, parallel
 from oapl_jax.models import api, qwen
@@ -19,6 +20,7 @@ def _demos(n, seed=0):
                         tuple(int(t) for t in rng.integers(3, CONFIG.vocab_size, 1 + i % 4))) for i in range(n)]
 
 
+@pytest.mark.devices(8)
 def test_warm_start_equals_plain_steps_on_the_same_rows():
   mesh = parallel.make_mesh((1, -1, 1))  # 8 devices: the batch arrives split over them
   model, layout = api.for_config(CONFIG), parallel.Layout(mesh)

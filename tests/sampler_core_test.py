@@ -184,6 +184,7 @@ def test_plain_sampling_matches_model_distribution_chisquare(model):
   assert scipy.stats.chisquare(f_obs, f_exp).pvalue > 1e-3
 
 
+@pytest.mark.devices(8)
 def test_refresh_reshards_trainer_params_and_bumps_version(model, tmp_path):
   config, params1 = model
   make_hf_checkpoint(tmp_path, "qwen3", seed=1)

@@ -53,6 +53,7 @@ TRAIN = trainer.TrainConfig(loss_settings=objectives.OAPLSettings(beta1=0.5, bet
                             optim=OptimConfig(lr=1e-3, eps=1e-6, weight_decay=0.01, max_grad_norm=1.0))
 
 
+@pytest.mark.devices(8)
 def test_sharded_step_matches_one_device():
   params = _params()
   batches = [_batch(4, 2, 16, seed=s) for s in (1, 2)]
@@ -75,6 +76,7 @@ def test_sharded_step_matches_one_device():
       np.testing.assert_allclose(m8[name], m1[name], rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.devices(8)
 def test_gradient_accumulation_matches_one_batch():
   params = _params(seed=1)
   batch = _batch(16, 2, 16, seed=3)
@@ -155,6 +157,7 @@ def test_trainer_section_reads_the_chosen_loss_and_rejects_unknown_settings():
     sections.build(trainer.TrainConfig, {"optim": {"learning_rate": 1e-6}}, "trainer")
 
 
+@pytest.mark.devices(8)
 def test_one_prompt_per_micro_batch_spreads_its_sequences_and_matches_one_device():
   """2 prompts x 8 samples, 2 micro-batches of ONE prompt on 8 devices: the batch cannot be split by
   prompt, so the step spreads each micro-batch's 8 sequences; loss, metrics and update match one device."""

@@ -50,7 +50,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       if key != "paths":
         print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
     paths = summary["paths"]
-    print(f"  TensorBoard logs: {paths['tensorboard']}  (tensorboard --logdir {paths['tensorboard']})")
+    if paths["tensorboard"]:
+      print(f"  TensorBoard logs: {paths['tensorboard']}  (tensorboard --logdir {paths['tensorboard']})")
     print(f"  checkpoints:      {paths['checkpoints']}")
     print(f"  learning curve:   {paths['curve']}")
     print(f"  summary:          {paths['summary']}")

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A lease's GPU checks: the machine, the benchmarks (benchmarks/gpu_bench.py), then the model/attention/trainer/
+# sampler tests, `make demo`'s config and configs/gsm8k.py:smoke side by side ("functional").
+#
+#   bash benchmarks/gpu_check.sh                        # every section, about 10 minutes: more than one call allows
+#   bash benchmarks/gpu_check.sh decode_1p7b functional  # some of: decode_0p6b decode_1p7b train attention functional
+#
+# Logs and a summary under $OUT (default /tmp/gpu_check). Seen on an H100 (2026-11-26): each decode batch size
+# compiles in 24-33 s; the tests take over 140 s at -n 6 (compilation); demo 66 s, gsm8k smoke 74 s beside them.
+# The GPU image has jax, flax, optax, orbax, transformers and torch but not ml_collections, clu or
+# math_verify: put their wheels in .whl/ (see the device notes) and they are installed to /tmp/site.
+# It has no tensorflow, so jetstream does not import there (the sampler's core does not need it).
+set -u
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=3 \
+  PYTHONUNBUFFERED=1 JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+
+section() {  # name, seconds, command...: the command's output to $OUT/name.log, its exit code and time to summary
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - start)) s (limit $limit)" >>"$OUT/summary.txt"
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import sys, jax, flax, optax, orbax.checkpoint as o, transformers, torch
+print(sys.version.split()[0], 'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
+      'orbax', o.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)
+print(jax.devices())
+import oapl_jax.sampler.core, oapl_jax.rl.loop; print('oapl_jax imports without tensorflow and jetstream')"
+} >"$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+
+run_section() {
+  case $1 in
+    decode_0p6b) section decode_0p6b 170 python3 -m benchmarks.gpu_bench decode --widths qwen3_0p6b --new_tokens 64 --repeats 3 ;;
+    decode_1p7b) section decode_1p7b 170 python3 -m benchmarks.gpu_bench decode --widths qwen3_1p7b --new_tokens 64 --repeats 3 ;;
+    train) section train 110 python3 -m benchmarks.gpu_bench train --lengths 2048 4096 8192 --tokens 4096 --repeats 3 --remat ;;
+    attention) section attention 50 python3 -m benchmarks.gpu_bench attention --lengths 4096 16384 --repeats 5 ;;
+    functional)  # three runs share the GPU (memory grows on demand); their wall times are under that load
+      local tests="tests/models_attention_test.py tests/models_qwen_test.py tests/models_hf_test.py
+        tests/models_logprobs_test.py tests/models_remat_test.py tests/objectives_test.py tests/trainer_test.py
+        tests/sampler_core_test.py tests/sampler_engine_test.py"
+      # shellcheck disable=SC2086
+      section tests 200 python3 -m pytest $tests -n 6 -v --tb=line -rfE --continue-on-collection-errors &
+      section demo 200 python3 -m oapl_jax.main --config configs/arithmetic.py --workdir /tmp/demo &
+      section gsm8k_smoke 200 python3 -m benchmarks.gsm8k_smoke &
+      wait ;;
+    *) echo "unknown section $1" >&2; exit 2 ;;
+  esac
+}
+SECTIONS=${*:-decode_0p6b decode_1p7b train attention functional}
+for name in $SECTIONS; do run_section "$name"; done
+
+echo "== summary"; tail -n 8 "$OUT/summary.txt"
+for name in decode_0p6b decode_1p7b train attention; do
+  [ -f "$OUT/$name.log" ] && { echo "== $name"; grep -v "it/s\]\|^Loading\|^Writing" "$OUT/$name.log" | tail -14; }
+done
+[ -f "$OUT/tests.log" ] && { echo "== tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | cut -c1-300 | tail -40; }
+[ -f "$OUT/demo.log" ] && { echo "== demo"; tail -c 1500 "$OUT/demo.log"; }
+[ -f "$OUT/gsm8k_smoke.log" ] && { echo "== gsm8k_smoke"; tail -c 1200 "$OUT/gsm8k_smoke.log"; }
+exit 0
