@@ -19,7 +19,8 @@ import numpy as np
 SHAPES = ((2048, 2048, 2048), (64, 1024, 151936), (1024, 1024, 3072))
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
+  """The median wall time of `fn()` over `repeats` calls after one warm-up call (fn must wait for its result)."""
   fn()
   times = []
   for _ in range(repeats):
@@ -33,14 +34,14 @@ def jax_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
   a = jax.random.normal(jax.random.PRNGKey(0), (m, k), jnp.float32)
   b = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)
   dot = jax.jit(jnp.dot)
-  return 2 * m * k * n / _median_seconds(lambda: dot(a, b).block_until_ready(), repeats) / 1e9
+  return 2 * m * k * n / median_seconds(lambda: dot(a, b).block_until_ready(), repeats) / 1e9
 
 
 def torch_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
   import torch  # local: the ceiling of JAX alone needs no torch
   a, b = torch.randn(m, k), torch.randn(k, n)
   with torch.no_grad():
-    return 2 * m * k * n / _median_seconds(lambda: a @ b, repeats) / 1e9
+    return 2 * m * k * n / median_seconds(lambda: a @ b, repeats) / 1e9
 
 
 def measure(repeats: int = 5, with_torch: bool = True) -> dict:

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import ceiling
+
 BF16 = 2  # bytes
 WIDTHS = {  # published Qwen3 widths (vocab 151,936, tied embeddings), full depth unless --layers
     "qwen3_0p6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -48,17 +50,6 @@ def qwen3_config(width: str, layers=None):
                                   max_position_embeddings=40960, **{**WIDTHS[width], **overrides})
 
 
-def median_seconds(fn, repeats: int, warmup: int = 1) -> float:
-  for _ in range(warmup):
-    fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def torch_device() -> str:
   import torch
   return "cuda" if torch.cuda.is_available() else "cpu"  # cpu: to try this file on a host without a GPU
@@ -68,11 +59,11 @@ def ceilings(copy_rows: int = 1024, matmul_n: int = 8192) -> dict:
   """{"bandwidth": bytes/s of a device copy (read + write), "matmul": bf16 FLOP/s of an n^3 product}."""
   x = jax.random.normal(jax.random.PRNGKey(0), (copy_rows, 1024 * 1024), jnp.bfloat16)  # 2 GiB at 1024 rows
   copy = jax.jit(lambda x: x + 1)
-  bandwidth = 2 * x.nbytes / median_seconds(lambda: copy(x).block_until_ready(), 10)
+  bandwidth = 2 * x.nbytes / ceiling.median_seconds(lambda: copy(x).block_until_ready(), 10)
   del x
   a, b = (jax.random.normal(jax.random.PRNGKey(i), (matmul_n, matmul_n), jnp.bfloat16) for i in (1, 2))
   matmul = jax.jit(lambda a, b: a @ b)
-  rate = 2 * matmul_n ** 3 / median_seconds(lambda: matmul(a, b).block_until_ready(), 10)
+  rate = 2 * matmul_n ** 3 / ceiling.median_seconds(lambda: matmul(a, b).block_until_ready(), 10)
   return {"bandwidth": bandwidth, "matmul": rate}
 
 
@@ -110,7 +101,7 @@ def attention(args):
       low = [x.astype(jnp.bfloat16) for x in inputs]
       fn = grads_fn(kernel)
       got = jax.block_until_ready(fn(*low))
-      seconds = median_seconds(lambda: jax.block_until_ready(fn(*low)), args.repeats)
+      seconds = ceiling.median_seconds(lambda: jax.block_until_ready(fn(*low)), args.repeats)
       errors = [float(jnp.linalg.norm((g.astype(jnp.float32) - t).ravel()) / jnp.linalg.norm(t.ravel()))
                 for g, t in zip(got, truth)]
       print(f"{T:>6} {kernel:>10} {'bf16':>8} {seconds * 1e3:>8.2f} {flops / seconds / 1e12:>8.0f} "
@@ -128,7 +119,7 @@ def attention(args):
       return out, dq, dk, dv
 
     got = torch_run()
-    seconds = median_seconds(torch_run, args.repeats)
+    seconds = ceiling.median_seconds(torch_run, args.repeats)
     errors = [float(torch.linalg.norm((g.float().transpose(1, 2).cpu() - torch.from_numpy(np.array(t))).ravel())
                     / np.linalg.norm(np.asarray(t).ravel())) for g, t in zip(got, truth)]
     print(f"{T:>6} {'torch sdpa':>10} {'bf16':>8} {seconds * 1e3:>8.2f} {flops / seconds / 1e12:>8.0f} "
@@ -158,8 +149,8 @@ def decode(args, peak):
   rng = np.random.RandomState(0)
   for width in args.widths:
     with tempfile.TemporaryDirectory() as tmp:
-      torch_model = sampler_bench.make_checkpoint(tmp, hf_config=qwen3_config(width, args.layers), device=torch_device(),
-                                                  dtype=torch.bfloat16)
+      torch_model = sampler_bench.make_checkpoint(tmp, hf_config=qwen3_config(width, args.layers),
+                                                  device=torch_device(), dtype=torch.bfloat16)
       config, params = hf.load(tmp, dtype="bfloat16")
     model = api.for_config(config)
     context = args.prompt_length + (args.new_tokens + 1) / 2

@@ -39,9 +39,12 @@ cat "$OUT/summary.txt"
 
 run_section() {
   case $1 in
-    decode_0p6b) section decode_0p6b 170 python3 -m benchmarks.gpu_bench decode --widths qwen3_0p6b --new_tokens 64 --repeats 3 ;;
-    decode_1p7b) section decode_1p7b 170 python3 -m benchmarks.gpu_bench decode --widths qwen3_1p7b --new_tokens 64 --repeats 3 ;;
-    train) section train 110 python3 -m benchmarks.gpu_bench train --lengths 2048 4096 8192 --tokens 4096 --repeats 3 --remat ;;
+    decode_0p6b | decode_1p7b)
+      section "$1" 170 python3 -m benchmarks.gpu_bench decode --widths "qwen3_${1#decode_}" --new_tokens 64 \
+        --repeats 3 ;;
+    train)
+      section train 110 python3 -m benchmarks.gpu_bench train --lengths 2048 4096 8192 --tokens 4096 --repeats 3 \
+        --remat ;;
     attention) section attention 50 python3 -m benchmarks.gpu_bench attention --lengths 4096 16384 --repeats 5 ;;
     functional)  # three runs share the GPU (memory grows on demand); their wall times are under that load
       local tests="tests/models_attention_test.py tests/models_qwen_test.py tests/models_hf_test.py
@@ -62,7 +65,9 @@ echo "== summary"; tail -n 8 "$OUT/summary.txt"
 for name in decode_0p6b decode_1p7b train attention; do
   [ -f "$OUT/$name.log" ] && { echo "== $name"; grep -v "it/s\]\|^Loading\|^Writing" "$OUT/$name.log" | tail -14; }
 done
-[ -f "$OUT/tests.log" ] && { echo "== tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | cut -c1-300 | tail -40; }
+[ -f "$OUT/tests.log" ] && {
+  echo "== tests"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | cut -c1-300 | tail -40
+}
 [ -f "$OUT/demo.log" ] && { echo "== demo"; tail -c 1500 "$OUT/demo.log"; }
 [ -f "$OUT/gsm8k_smoke.log" ] && { echo "== gsm8k_smoke"; tail -c 1200 "$OUT/gsm8k_smoke.log"; }
 exit 0

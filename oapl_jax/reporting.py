@@ -134,7 +134,8 @@ class Reporter:
     """Writes learning_curve.png and summary.{json,md} (headed `title`); returns their paths (tensorboard: None
     where no events were written)."""
     self.writer.flush()
-    paths = {"tensorboard": None if isinstance(self.writer, _NoEvents) else self.workdir, "curve": os.path.join(self.workdir, "learning_curve.png"),
+    paths = {"tensorboard": None if isinstance(self.writer, _NoEvents) else self.workdir,
+             "curve": os.path.join(self.workdir, "learning_curve.png"),
              "summary": os.path.join(self.workdir, "summary.md")}
     if not self.is_main:
       return paths
