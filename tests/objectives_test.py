@@ -313,6 +313,15 @@ def test_settings_from_config():
   assert {n: s.needs_groups for n, s in obj.LOSSES.items()}["sft"] is False
 
 
+def test_every_bad_setting_is_named_when_a_field_rule_fails_first():
+  """beta2=None fails a field rule, so __post_init__ (where beta1 > 0 is checked) never runs: both are named."""
+  from oapl_jax import sections
+  with pytest.raises(sections.ConfigError) as raised:
+    obj.build_settings("oapl", {"beta1": 0, "beta2": None}, "trainer.loss_settings.oapl")
+  assert sorted(p.split("=")[0] for p in raised.value.problems) == ["trainer.loss_settings.oapl.beta1",
+                                                                     "trainer.loss_settings.oapl.beta2"]
+
+
 def test_compute_loss_checks_settings_type_and_batch_keys():
   policy, batch = _random_batch(9)
   with pytest.raises(TypeError, match="loss 'opmd' takes OPMDSettings, got OAPLSettings"):

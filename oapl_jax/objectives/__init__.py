@@ -77,15 +77,20 @@ def build_settings(name: str, values: Optional[Mapping[str, Any]] = None, path: 
   before = len(problems.errors)
   where = path or f"loss {name!r}"
   settings = sections.build(kind, values, where, problems)
-  if settings is None and len(problems.errors) == before + 1 and problems.errors[-1].startswith(f"{where}: "):
-    fields = []  # a check in __post_init__ failed: name each field that fails alone
+  if settings is None and values:
+    # __post_init__ stops at its first bad field, and does not run at all after a field rule fails: try each
+    # field not yet named alone, so every bad one is reported (its error replaces the generic "where: ..." one)
+    reported = problems.errors[before:]
+    fields = []
     for key, value in dict(values.items()).items():
+      if any(e.startswith((f"{where}.{key}=", f"{where}.{key}:")) for e in reported):
+        continue
       try:
         kind(**{key: value})
       except (ValueError, TypeError) as e:
         fields.append(f"{where}.{key}={value!r}: {e}")
     if fields:
-      problems.errors[before:] = fields
+      problems.errors[before:] = [e for e in reported if not e.startswith(f"{where}: ")] + fields
   if own:
     problems.raise_if_any()
   return settings
