@@ -188,9 +188,10 @@ def train(args, peak):
   with tempfile.TemporaryDirectory() as ckpt:
     transformers.Qwen3ForCausalLM(hf_cfg).save_pretrained(ckpt)
     for T in args.lengths:
-      seqs = max(1, args.tokens // T)
-      group = min(4, seqs)
-      batch = train_bench.make_batch(seqs // group, group, T, hf_cfg.vocab_size)
+      group = min(4, max(1, args.tokens // T))
+      prompts = max(1, args.tokens // T) // group
+      seqs = prompts * group  # what the batch holds (--tokens rounded down to whole groups of T)
+      batch = train_bench.make_batch(prompts, group, T, hf_cfg.vocab_size)
       jax_steps, model_config = train_bench.jax_steps_fn(ckpt, batch, 1.0, compute_dtype="bfloat16",
                                                          remat=args.remat)
       torch_model = transformers.Qwen3ForCausalLM.from_pretrained(
