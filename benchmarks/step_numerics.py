@@ -2,6 +2,7 @@
 
     python -m benchmarks.step_numerics --devices 1 > after.json      # then the same in a worktree of the other commit
     python -m benchmarks.step_numerics --devices 8 > after8.json     # with XLA_FLAGS=--xla_force_host_platform_device_count=8
+    python -m benchmarks.step_numerics --keep_logits > after_keep.json
 
 Four train steps at lr 3e-3 (so the updates matter), the tiny Qwen3 config with the vocabulary projection in
 chunks of 48 tokens, fixed random batches (benchmarks/train_bench.make_batch); prints one JSON list of per-step
@@ -24,8 +25,9 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--devices", type=int, default=1, help="devices on the fsdp axis")
   ap.add_argument("--steps", type=int, default=4)
+  ap.add_argument("--keep_logits", action="store_true", help="logprob_recompute=False (the backward reuses a kept block)")
   args = ap.parse_args()
-  config = QwenConfig.tiny(logprob_chunk_tokens=48)
+  config = QwenConfig.tiny(logprob_chunk_tokens=48, logprob_recompute=not args.keep_logits)
   mesh = parallel.make_mesh((1, args.devices, 1), devices=jax.devices()[:args.devices])
   layout, model = parallel.Layout(mesh), api.for_config(config)
   params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(0)), mesh, layout.rules)

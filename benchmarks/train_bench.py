@@ -6,13 +6,19 @@
     python -m benchmarks.train_bench --width qwen3_0p6b --layers 4 --batch 2 --group 4 --seq_len 256 --rounds 3 --steps 1
                                                        # real width: Qwen3-0.6B's, vocab 151,936, 4 layers
     ... --keep_logits                                  # the backward reuses the logits (logprob_recompute=False)
+    ... --isolate --pairs 2                            # each side in its own process (no shared threads or heap)
 
 Both sides start from the same tiny random Qwen3 checkpoint (written with transformers) and run
 the same batch: policy log-probs at the sampler temperature, the OAPL loss (Eq. 2-3), global-norm
 clipping and AdamW. Torch projects every position onto the vocabulary; ours only the chunks holding response
-tokens (prompts and padding are never read by the loss), as the trainer does. After warm-up, rounds of `--steps` steps alternate between the two (fair on
-a shared machine); the median step time per side gives tokens/s (every position fed to the
-model) and the ratio. The first-step losses are printed as a check that both compute one thing.
+tokens (prompts and padding are never read by the loss), as the trainer does. After warm-up, rounds of
+`--steps` steps alternate between the two (fair on a shared machine); the median step time per side gives
+tokens/s (every position fed to the model) and the ratio. In one process the two libraries share threads and
+the heap, and each slows the other: at real width on a 2-core VM (2026-11-26), torch's step took 30.4 s beside
+a JAX runtime holding 5 GB against 25.4 s alone, ours 27.9 s with torch imported against 23.6 s without.
+--isolate runs each side alone in its own process instead (sides one after the other, --pairs times), ours
+keeping freed host memory as the CPU entry points do (oapl_jax/host_memory.py), torch with glibc's defaults
+(or the same, --torch_keeps_freed_memory). The first-step losses are printed as a check that both compute one thing.
 Each side's rate is also given as a fraction of this CPU's measured compute ceiling (benchmarks/ceiling.py,
 the best float32 matmul rate of either library): model FLOPs (6 x matmul weights x tokens + attention, what
 one step needs) per second over the ceiling, and for ours also the FLOPs it executes (recomputation included).
@@ -22,7 +28,10 @@ matmuls reaches here.
 A benchmark, not a test.
 """
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -31,7 +40,7 @@ import numpy as np
 import torch
 import transformers
 
-from oapl_jax import objectives, parallel
+from oapl_jax import host_memory, objectives, parallel
 from oapl_jax.models import api, hf
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig
@@ -118,7 +127,7 @@ def jax_steps_fn(checkpoint: str, batch, temperature, keep_logits=False, compute
   return steps, model_config
 
 
-def main():
+def _parser():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--batch", type=int, default=8, help="prompts B")
   ap.add_argument("--group", type=int, default=8, help="samples per prompt G")
@@ -130,54 +139,122 @@ def main():
   ap.add_argument("--width", choices=sorted(WIDTHS), default="tiny")
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--floor", action="store_true",
-                  help="after each round, time the step's matmul floor (benchmarks/matmul_floor.py): torch's step "
+                  help="time the step's matmul floor (benchmarks/matmul_floor.py) after each round: torch's step "
                        "over it bounds the ratio reachable here")
   ap.add_argument("--keep_logits", action="store_true",
-                  help="model.logprob_recompute=False: the backward reuses the forward's logits, as torch does")
-  args = ap.parse_args()
+                  help="model.logprob_recompute=False: the backward reuses a block kept by the forward, as torch "
+                       "keeps the logits")
+  ap.add_argument("--isolate", action="store_true",
+                  help="each side in its own process, one after the other (--pairs times): no shared threads or "
+                       "heap; ours keeps freed host memory as the CPU entry points do (oapl_jax/host_memory.py)")
+  ap.add_argument("--pairs", type=int, default=1, help="--isolate: (ours, torch) process pairs, alternating")
+  ap.add_argument("--torch_keeps_freed_memory", action="store_true",
+                  help="--isolate: torch's process keeps freed memory too (glibc's defaults otherwise)")
+  ap.add_argument("--side", choices=["jax", "torch"], help=argparse.SUPPRESS)  # --isolate's worker
+  ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
+  return ap
+
+
+def _time_rounds(step_n, rounds, steps, floor_shapes=None):
+  """Seconds per step of each round (and, with floor_shapes, the matmul floor timed after each round)."""
+  from benchmarks import matmul_floor  # local: its imports take seconds
+  times, floors = [], []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    step_n(steps)
+    times.append((time.perf_counter() - t0) / steps)
+    if floor_shapes is not None:
+      floors.append(matmul_floor.floor_seconds(floor_shapes))
+  return times, floors
+
+
+def _side(args):
+  """--isolate's worker: one side alone on the shared checkpoint; prints one JSON line."""
+  if args.side == "jax" or args.torch_keeps_freed_memory:
+    host_memory.keep_freed_memory()  # before either library starts its threads
+  batch = make_batch(args.batch, args.group, args.seq_len, hf_config(args.width, args.layers).vocab_size)
+  if args.side == "jax":
+    jax_steps, _ = jax_steps_fn(args.checkpoint, batch, args.temperature, keep_logits=args.keep_logits)
+    step_n = lambda n: jax_steps(n)["loss"]  # noqa: E731
+  else:
+    model = transformers.Qwen3ForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).train()
+    torch_step = torch_step_fn(model, batch, args.temperature)
+    step_n = lambda n: [torch_step() for _ in range(n)][-1]  # noqa: E731
+  loss0 = float(step_n(1))
+  step_n(1)
+  times, _ = _time_rounds(step_n, args.rounds, args.steps)
+  print(json.dumps({"loss0": loss0, "times": times}))
+
+
+def _isolated(args, ckpt):
+  """(jax times, torch times, jax loss0, torch loss0) from --pairs alternating worker processes."""
+  forwarded = [a for a in sys.argv[1:] if a not in ("--isolate", "--floor")]
+  results = {"jax": [], "torch": []}
+  for pair in range(args.pairs):
+    for side in ("jax", "torch"):
+      print(f"[pair {pair + 1}/{args.pairs}] {side} in its own process ...", flush=True)
+      out = subprocess.run([sys.executable, "-m", "benchmarks.train_bench", *forwarded, "--side", side,
+                            "--checkpoint", ckpt], capture_output=True, text=True, check=False)
+      if out.returncode:
+        raise SystemExit(f"{side} worker failed ({out.returncode}):\n{out.stderr[-3000:]}")
+      results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+  times = {side: [t for r in rs for t in r["times"]] for side, rs in results.items()}
+  return times["jax"], times["torch"], results["jax"][0]["loss0"], results["torch"][0]["loss0"]
+
+
+def main():
+  args = _parser().parse_args()
+  if args.side:
+    return _side(args)
   if args.single_thread:  # before JAX starts its backend
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
                                " intra_op_parallelism_threads=1").strip()
     torch.set_num_threads(1)
 
+  from benchmarks import matmul_floor  # local, as below
   hf_cfg = hf_config(args.width, args.layers)
   torch.manual_seed(0)
-  with tempfile.TemporaryDirectory() as ckpt:
-    transformers.Qwen3ForCausalLM(hf_cfg).save_pretrained(ckpt)
-    torch_model = transformers.Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
-    batch = make_batch(args.batch, args.group, args.seq_len, hf_cfg.vocab_size)
-    jax_steps, model_config = jax_steps_fn(ckpt, batch, args.temperature, keep_logits=args.keep_logits)
-
-  torch_step = torch_step_fn(torch_model, batch, args.temperature)
-  metrics = jax_steps(1)  # compile + first step; loss is at the shared initial params
-  jax_loss0, torch_loss0 = float(metrics["loss"]), torch_step()
-  jax_steps(1)
-  torch_step()
-
-  from benchmarks import matmul_floor  # local, as below
+  batch = make_batch(args.batch, args.group, args.seq_len, hf_cfg.vocab_size)
   B, G, T = batch["tokens"].shape
   tokens, response_tokens = B * G * T, int(batch["response_mask"].sum())
-  floor_shapes = matmul_floor.train_shapes(model_config, tokens, response_tokens)
-  jax_times, torch_times, floor_times = [], [], []
-  for _ in range(args.rounds):
-    t0 = time.perf_counter()
-    jax_steps(args.steps)
-    jax_times.append((time.perf_counter() - t0) / args.steps)
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-      torch_step()
-    torch_times.append((time.perf_counter() - t0) / args.steps)
-    if args.floor:
-      floor_times.append(matmul_floor.floor_seconds(floor_shapes))
+  with tempfile.TemporaryDirectory() as ckpt:
+    transformers.Qwen3ForCausalLM(hf_cfg).save_pretrained(ckpt)
+    model_config = hf.read_config(ckpt).replace(logprob_recompute=not args.keep_logits)
+    floor_shapes = matmul_floor.train_shapes(model_config, tokens, response_tokens)
+    floor_times = []
+    if args.isolate:
+      jax_times, torch_times, jax_loss0, torch_loss0 = _isolated(args, ckpt)
+      if args.floor:  # after all of them: one per round of either side
+        floor_times = [matmul_floor.floor_seconds(floor_shapes) for _ in range(len(jax_times))]
+    else:
+      torch_model = transformers.Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
+      jax_steps, _ = jax_steps_fn(ckpt, batch, args.temperature, keep_logits=args.keep_logits)
+  if not args.isolate:
+    torch_step = torch_step_fn(torch_model, batch, args.temperature)
+    metrics = jax_steps(1)  # compile + first step; loss is at the shared initial params
+    jax_loss0, torch_loss0 = float(metrics["loss"]), torch_step()
+    jax_steps(1)
+    torch_step()
+    jax_times, torch_times = [], []
+    for _ in range(args.rounds):  # alternating: fair on a shared machine
+      jax_times += _time_rounds(jax_steps, 1, args.steps)[0]
+      torch_times += _time_rounds(lambda n: [torch_step() for _ in range(n)], 1, args.steps)[0]
+      if args.floor:
+        floor_times.append(matmul_floor.floor_seconds(floor_shapes))
 
   jax_s, torch_s = float(np.median(jax_times)), float(np.median(torch_times))
+  where = (f"each side in its own process, {args.pairs} pair(s); ours keeps freed host memory, torch "
+           f"{'too' if args.torch_keeps_freed_memory else 'has glibc defaults'}" if args.isolate
+           else "one process, alternating rounds, glibc malloc defaults")
   print(f"batch B={B} x G={G} x T={T} ({tokens} positions, {response_tokens} response tokens); "
-        f"jax devices: {jax.devices()[0].platform} x1, torch threads: {torch.get_num_threads()}")
+        f"jax devices: {jax.devices()[0].platform} x1, torch threads: {torch.get_num_threads()}; {where}")
   print(f"first-step loss: jax {jax_loss0:.6f}  torch {torch_loss0:.6f}")
-  print(f"jax   (oapl_jax jit step):       {jax_s * 1e3:8.1f} ms/step  {tokens / jax_s:10.0f} tokens/s")
-  print(f"torch (transformers + AdamW):    {torch_s * 1e3:8.1f} ms/step  {tokens / torch_s:10.0f} tokens/s")
+  print(f"jax   (oapl_jax jit step):       {jax_s * 1e3:8.1f} ms/step  {tokens / jax_s:10.0f} tokens/s  "
+        f"(rounds {', '.join(f'{t:.2f}' for t in jax_times)} s)")
+  print(f"torch (transformers + AdamW):    {torch_s * 1e3:8.1f} ms/step  {tokens / torch_s:10.0f} tokens/s  "
+        f"(rounds {', '.join(f'{t:.2f}' for t in torch_times)} s)")
   print(f"speed-up jax / torch: {torch_s / jax_s:.2f}x")
-  if args.floor:  # per round: the floor was timed right after that round's two steps
+  if args.floor:  # in one process, the floor was timed right after each round's two steps
     reachable = np.median([t / f for t, f in zip(torch_times, floor_times)])
     ours_over = np.median([j / f for j, f in zip(jax_times, floor_times)])
     print(f"matmul floor (every projection's forward and two gradients, the vocabulary's on the response tokens, "

@@ -27,6 +27,16 @@ def skip_absent_tpu() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def prepare_host() -> None:
+  """Every entry point's first call, before JAX starts: skip_absent_tpu(), then, where JAX will run on the
+  CPU only, keep freed host memory for reuse (oapl_jax/host_memory.py: a train step at Qwen3-0.6B width
+  runs ~17% faster on a 2-core VM; resident memory stays near its peak)."""
+  skip_absent_tpu()
+  if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+    from oapl_jax import host_memory  # pylint: disable=import-outside-toplevel
+    host_memory.keep_freed_memory()
+
+
 def parser(prog: str, doc: str) -> argparse.ArgumentParser:
   return argparse.ArgumentParser(prog=prog, description=doc.strip().split("\n")[0],
                                  epilog="\n".join(doc.strip().split("\n")[1:]),

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from oapl_jax.apps import cli
 
-cli.skip_absent_tpu()
+cli.prepare_host()
 
 from oapl_jax import checkpoints, evaluation, export, run_dir  # noqa: E402
 from oapl_jax.run import assemble, schema  # noqa: E402

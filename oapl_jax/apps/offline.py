@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 
 from oapl_jax.apps import cli
 
-cli.skip_absent_tpu()
+cli.prepare_host()
 
 from etils import epath  # noqa: E402
 

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from oapl_jax.apps import cli
 
-cli.skip_absent_tpu()
+cli.prepare_host()
 
 from oapl_jax import serve  # noqa: E402
 

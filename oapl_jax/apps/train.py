@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from oapl_jax.apps import cli
 
-cli.skip_absent_tpu()
+cli.prepare_host()
 
 import jax  # noqa: E402
 

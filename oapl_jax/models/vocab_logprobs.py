@@ -6,13 +6,18 @@
 `token_logprobs` maps `chunk_logprobs` over each row shard's tokens in chunks bounded by a token budget, and
 skips the chunks holding no position the caller reads (a loss's prompts and padding). For one chunk, the
 forward keeps only the log-normaliser per token; the backward recomputes the logits once and forms
-dz = g * (onehot(target) - softmax(z)) (+ the entropy's term) in one fused pass over [R, C, V] before the two
-matmuls of the projection's transpose. Autodiff through `jax.checkpoint` does the same matmuls but many more
-passes over [R, C, V] (logsumexp's max, exp and sum again, the gather's scatter, the adds): at Qwen's 151,936
-words those passes were about 15% of a train step's op time on CPU (a profile at Qwen3-0.6B width).
+dz = g * (onehot(target) - softmax(z)) in one exp pass over [R, C, V] (the target entries by an in-place
+update; plus the entropy's term, when it is differentiated) before the two matmuls of the projection's
+transpose. Autodiff through `jax.checkpoint` does the same
+matmuls but many more passes over [R, C, V] (logsumexp's max, exp and sum again, the gather's scatter, the
+adds): at Qwen's 151,936 words those passes were about 15% of a train step's op time on CPU (a profile at
+Qwen3-0.6B width).
 
-With recompute=False (models/config.Execution.logprob_recompute) the forward keeps the logits instead: one matmul
-fewer per chunk, for [tokens, V] of memory, as torch's autograd keeps them.
+With recompute=False (models/config.Execution.logprob_recompute) the forward keeps, instead of the logits,
+exp(z - max z) with its sum subtracted at the target: the log-probs' cotangent up to that per-position factor.
+The backward is then the two matmuls alone, the factor applied to their [R, C, E] side: one matmul and every
+pass over [R, C, V] fewer, for [tokens, V] of memory, as torch's autograd keeps the logits. `project` must be
+linear in h and bias-free, position by position (a vocabulary projection is), for the factor to move to h.
 
 Values equal jax.nn.log_softmax(project(w, h) / temperature)[target] and -sum(p log p); gradients equal autodiff's
 (tests/models_logprobs_test.py checks both against the plain formulas).
@@ -33,19 +38,29 @@ def _scaled(logits_RxCxV, temperature: float):
 
 
 def _forward(project, temperature, with_entropy, w, h_RxCxE, targets_RxC):
-  """(logp, entropy or None), log-normaliser. One max and one exp pass over the chunk's logits: log Z is
-  jax.nn.logsumexp's value (log of the shifted sum, plus the max), the entropy log Z - E_p[z]."""
-  z_RxCxV = _scaled(project(w, h_RxCxE), temperature)
+  """(logp, entropy or None), log-normaliser, and dense = e - sum(e) * onehot(target) with e = exp(z - max z):
+  onehot - softmax(z) = -dense / sum(e), the logp cotangent with its one non-zero per row already in place. One
+  max and one exp pass over the chunk's logits: log Z is jax.nn.logsumexp's value (log of the shifted sum,
+  plus the max), the entropy log Z - E_p[z]."""
+  logits_RxCxV = project(w, h_RxCxE)
+  z_RxCxV = _scaled(logits_RxCxV, temperature)
   max_RxC = jnp.max(z_RxCxV, axis=-1)
   max_RxC = jnp.where(jnp.isfinite(max_RxC), max_RxC, 0.0)
   e_RxCxV = jnp.exp(z_RxCxV - max_RxC[..., None])
   sum_RxC = jnp.sum(e_RxCxV, axis=-1)
   logz_RxC = jnp.log(sum_RxC) + max_RxC
   logp_RxC = jnp.take_along_axis(z_RxCxV, targets_RxC[..., None], axis=-1)[..., 0] - logz_RxC
+  dense_RxCxV = _minus_at_targets(e_RxCxV, targets_RxC, sum_RxC).astype(logits_RxCxV.dtype)
   if not with_entropy:
-    return (logp_RxC, None), logz_RxC
+    return (logp_RxC, None), logz_RxC, sum_RxC, dense_RxCxV
   entropy_RxC = logz_RxC - jnp.sum(e_RxCxV * z_RxCxV, axis=-1) / sum_RxC
-  return (logp_RxC, entropy_RxC), logz_RxC
+  return (logp_RxC, entropy_RxC), logz_RxC, sum_RxC, dense_RxCxV
+
+
+def _minus_at_targets(x_RxCxV, targets_RxC, amount_RxC):
+  """x with amount subtracted at each position's target word (an in-place update of R x C entries)."""
+  R, C = targets_RxC.shape
+  return x_RxCxV.at[jnp.arange(R)[:, None], jnp.arange(C)[None, :], targets_RxC].add(-amount_RxC)
 
 
 def _zeros_like_shapes(fn):
@@ -65,13 +80,11 @@ def _chunk(project, temperature, with_entropy, recompute, w, h_RxCxE, targets_Rx
 
 def _chunk_fwd(project, temperature, with_entropy, recompute, w, h_RxCxE, targets_RxC, live):
   def run():
-    logits_RxCxV = None if recompute else project(w, h_RxCxE)  # kept: one matmul fewer, [R, C, V] alive
-    out, logz_RxC = _forward(project if recompute else (lambda *_: logits_RxCxV), temperature, with_entropy, w,
-                             h_RxCxE, targets_RxC)
-    return out, logz_RxC, logits_RxCxV
-  out, logz_RxC, logits_RxCxV = _when(live, run)
+    out, logz_RxC, sum_RxC, dense_RxCxV = _forward(project, temperature, with_entropy, w, h_RxCxE, targets_RxC)
+    return (out, logz_RxC) if recompute else (out, logz_RxC, sum_RxC, dense_RxCxV)  # kept: [R, C, V] alive
+  out, logz_RxC, *kept = _when(live, run)
   # w and h are the chunk's own inputs: a map over chunks keeps them once, not per chunk
-  return out, (w, h_RxCxE, targets_RxC, live, logz_RxC, out[1], logits_RxCxV)
+  return out, (w, h_RxCxE, targets_RxC, live, logz_RxC, out[1], tuple(kept))
 
 
 def _chunk_fwd_rule(project, temperature, with_entropy, recompute, *primals):
@@ -81,26 +94,47 @@ def _chunk_fwd_rule(project, temperature, with_entropy, recompute, *primals):
 
 
 def _chunk_bwd(project, temperature, with_entropy, recompute, residuals, cotangents):
-  """(Recompute the logits,) one fused pass to their cotangent (temperature and dtype included), then the
-  projection's transpose (two matmuls). A skipped chunk's gradients are zeros. An output nothing
-  differentiates (a symbolic zero: the trainer's entropy, a metric under stop_gradient) adds no term, so
-  its pass over [R, C, V] is not run (XLA's cost analysis of one chunk: +12% FLOPs, +43% bytes with it)."""
-  w, h_RxCxE, targets_RxC, live, logz_RxC, entropy_RxC, kept_logits_RxCxV = residuals
+  """dz = g * (onehot - p) (+ the entropy's term), then the projection's transpose (two matmuls).
+
+  Recomputing: one exp pass over the recomputed logits writes g * (p - onehot) scaled, the target entry by an
+  in-place update. Kept: the forward's block is e - sum(e) * onehot, so dz = -(g / sum e) * block, and the
+  per-position factor r moves to the [R, C, E] side: a projection linear and bias-free in h gives
+  d/dw <r * D, project(w, h)> = d/dw <D, project(w, r * h)> and d/dh = r * (D through the weights' transpose);
+  the backward makes no pass over [R, C, V]. An entropy that is differentiated adds -g_H * p * (log p + H) in
+  one pass. An output nothing differentiates (a symbolic zero: the trainer's entropy, a metric under
+  stop_gradient) adds no term, so its pass over [R, C, V] is not run (XLA's cost analysis of one chunk: +12%
+  FLOPs, +43% bytes with it). A skipped chunk's gradients are zeros."""
+  w, h_RxCxE, targets_RxC, live, logz_RxC, entropy_RxC, kept = residuals
   g_logp_RxC, g_entropy_RxC = (None if isinstance(g, custom_derivatives.SymbolicZero) else g for g in cotangents)
+  entropy_differentiated = with_entropy and g_entropy_RxC is not None
+
+  def entropy_term(p_RxCxV, logp_RxCxV):  # d entropy / dz = -p (log p + H), times g_H, per raw logit
+    term_RxCxV = jnp.where(p_RxCxV > 0, p_RxCxV * (logp_RxCxV + entropy_RxC[..., None]), 0.0)
+    return (g_entropy_RxC / temperature)[..., None] * term_RxCxV
 
   def run():
-    logits_RxCxV, project_vjp = jax.vjp(project, w, h_RxCxE)  # with kept logits, XLA drops this forward matmul
-    logits_RxCxV = logits_RxCxV if recompute else kept_logits_RxCxV
-    logp_RxCxV = _scaled(logits_RxCxV, temperature) - logz_RxC[..., None]
-    p_RxCxV = jnp.exp(logp_RxCxV)
-    dz_RxCxV = jnp.zeros_like(p_RxCxV)
-    # d logp[target] / dz = onehot(target) - p;  d entropy / dz = -p (log p + entropy)
-    if g_logp_RxC is not None:
-      is_target_RxCxV = jnp.arange(logits_RxCxV.shape[-1]) == targets_RxC[..., None]
-      dz_RxCxV = jnp.where(is_target_RxCxV, g_logp_RxC[..., None], 0.0) - p_RxCxV * g_logp_RxC[..., None]
-    if with_entropy and g_entropy_RxC is not None:
-      dz_RxCxV = dz_RxCxV - p_RxCxV * (logp_RxCxV + entropy_RxC[..., None]) * g_entropy_RxC[..., None]
-    return project_vjp(_scaled(dz_RxCxV, temperature).astype(logits_RxCxV.dtype))
+    g_RxC = jnp.zeros_like(logz_RxC) if g_logp_RxC is None else g_logp_RxC
+    if recompute:
+      logits_RxCxV, project_vjp = jax.vjp(project, w, h_RxCxE)
+      z_RxCxV = _scaled(logits_RxCxV, temperature)
+      p_RxCxV = jnp.exp(z_RxCxV - logz_RxC[..., None])
+      scale_RxC = -g_RxC / temperature  # dz = scale * (p - onehot)
+      dz_RxCxV = _minus_at_targets(scale_RxC[..., None] * p_RxCxV, targets_RxC, scale_RxC)
+      if entropy_differentiated:
+        dz_RxCxV = dz_RxCxV - entropy_term(p_RxCxV, z_RxCxV - logz_RxC[..., None])
+      return project_vjp(dz_RxCxV.astype(logits_RxCxV.dtype))
+    sum_RxC, block_RxCxV = kept
+    scale_RxC = -g_RxC / (sum_RxC * temperature)  # dz = scale * block
+    if entropy_differentiated:  # p and log p from the block: e = block + sum(e) onehot, log p = log e - log sum
+      e_RxCxV = _minus_at_targets(block_RxCxV.astype(jnp.float32), targets_RxC, -sum_RxC)
+      logp_RxCxV = jnp.log(jnp.where(e_RxCxV > 0, e_RxCxV, 1.0)) - jnp.log(sum_RxC)[..., None]
+      block_RxCxV = (scale_RxC[..., None] * block_RxCxV
+                     - entropy_term(e_RxCxV / sum_RxC[..., None], logp_RxCxV)).astype(block_RxCxV.dtype)
+      scale_RxC = jnp.ones_like(scale_RxC)
+    h_scaled_RxCxE = (h_RxCxE * scale_RxC[..., None]).astype(h_RxCxE.dtype)
+    _, project_vjp = jax.vjp(project, w, h_scaled_RxCxE)  # its forward is unused: XLA drops that matmul
+    dw, dh_RxCxE = project_vjp(block_RxCxV)
+    return dw, (dh_RxCxE * scale_RxC[..., None]).astype(h_RxCxE.dtype)
 
   dw, dh_RxCxE = _when(live, run)
   return dw, dh_RxCxE, None, None
@@ -112,10 +146,11 @@ _chunk.defvjp(_chunk_fwd_rule, _chunk_bwd, symbolic_zeros=True)
 def chunk_logprobs(project: Callable, w, h_RxCxE, targets_RxC, temperature: float = 1.0, with_entropy: bool = False,
                    recompute: bool = True, live=None):
   """log softmax(project(w, h) / temperature)[target], float32 [R, C] (and the entropy of each position's
-  distribution, with `with_entropy`). `project(w, h)` must be a pure function of its arguments (a model's
-  vocabulary projection with w the weights it reads), so that the backward can recompute it. recompute=False
-  keeps the chunk's logits for the backward instead (saves one matmul; under a map over chunks, every chunk's
-  logits stay alive until the backward). `live`: a traced bool; False runs nothing, forward or backward, and
+  distribution, with `with_entropy`). `project(w, h)` must be a pure function of its arguments, linear and
+  bias-free in h position by position (a model's vocabulary projection with w the weights it reads), so that
+  the backward can recompute it and move a per-position factor onto h. recompute=False keeps a [R, C, V] block
+  for the backward instead (saves one matmul and a pass; under a map over chunks, every chunk's block stays
+  alive until the backward). `live`: a traced bool; False runs nothing, forward or backward, and
   gives zeros (None: always live)."""
   logp_RxC, entropy_RxC = _chunk(project, float(temperature), bool(with_entropy), bool(recompute), w, h_RxCxE,
                                  targets_RxC, live)
