@@ -9,6 +9,9 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Entry points imported here (apps/*) keep freed host memory on CPU (oapl_jax/host_memory.py); a worker runs
+# hundreds of tests, so it keeps glibc's defaults and gives memory back between them (host_memory_test opts in).
+os.environ.setdefault("OAPL_KEEP_FREED_MEMORY", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

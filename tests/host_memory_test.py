@@ -33,6 +33,7 @@ PAGES = BLOCK // 4096
 
 
 def probe(setup: str, **env) -> tuple[str, int]:
+  env = {"OAPL_KEEP_FREED_MEMORY": "1", **env}  # conftest turns it off for the suite's own processes
   out = subprocess.run([sys.executable, "-c", _PROBE.replace("{setup}", setup)], capture_output=True, text=True,
                        check=True, env={**os.environ, **env}).stdout.split()
   return out[0], int(out[1])
