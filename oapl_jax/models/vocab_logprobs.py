@@ -8,10 +8,9 @@ skips the chunks holding no position the caller reads (a loss's prompts and padd
 forward keeps only the log-normaliser per token; the backward recomputes the logits once and forms
 dz = g * (onehot(target) - softmax(z)) in one exp pass over [R, C, V] (the target entries by an in-place
 update; plus the entropy's term, when it is differentiated) before the two matmuls of the projection's
-transpose. Autodiff through `jax.checkpoint` does the same
-matmuls but many more passes over [R, C, V] (logsumexp's max, exp and sum again, the gather's scatter, the
-adds): at Qwen's 151,936 words those passes were about 15% of a train step's op time on CPU (a profile at
-Qwen3-0.6B width).
+transpose. Autodiff through `jax.checkpoint` does the same matmuls but many more passes over [R, C, V]
+(logsumexp's max, exp and sum again, the gather's scatter, the adds): at Qwen's 151,936 words those passes
+were about 15% of a train step's op time on CPU (a profile at Qwen3-0.6B width).
 
 With recompute=False (models/config.Execution.logprob_recompute) the forward keeps, instead of the logits,
 exp(z - max z) with its sum subtracted at the target: the log-probs' cotangent up to that per-position factor.
@@ -37,11 +36,11 @@ def _scaled(logits_RxCxV, temperature: float):
   return z_RxCxV if temperature == 1.0 else z_RxCxV / temperature
 
 
-def _forward(project, temperature, with_entropy, w, h_RxCxE, targets_RxC):
-  """(logp, entropy or None), log-normaliser, and dense = e - sum(e) * onehot(target) with e = exp(z - max z):
-  onehot - softmax(z) = -dense / sum(e), the logp cotangent with its one non-zero per row already in place. One
-  max and one exp pass over the chunk's logits: log Z is jax.nn.logsumexp's value (log of the shifted sum,
-  plus the max), the entropy log Z - E_p[z]."""
+def _forward(project, temperature, with_entropy, keep, w, h_RxCxE, targets_RxC):
+  """(logp, entropy or None), log-normaliser, and with `keep` (sum e, block), block = e - sum(e) * onehot(target)
+  with e = exp(z - max z): onehot - softmax(z) = -block / sum(e), the logp cotangent with its one entry per
+  position in place (else ()). One max and one exp pass over the chunk's logits: log Z is jax.nn.logsumexp's
+  value (log of the shifted sum, plus the max), the entropy log Z - E_p[z]."""
   logits_RxCxV = project(w, h_RxCxE)
   z_RxCxV = _scaled(logits_RxCxV, temperature)
   max_RxC = jnp.max(z_RxCxV, axis=-1)
@@ -50,11 +49,11 @@ def _forward(project, temperature, with_entropy, w, h_RxCxE, targets_RxC):
   sum_RxC = jnp.sum(e_RxCxV, axis=-1)
   logz_RxC = jnp.log(sum_RxC) + max_RxC
   logp_RxC = jnp.take_along_axis(z_RxCxV, targets_RxC[..., None], axis=-1)[..., 0] - logz_RxC
-  dense_RxCxV = _minus_at_targets(e_RxCxV, targets_RxC, sum_RxC).astype(logits_RxCxV.dtype)
+  kept = (sum_RxC, _minus_at_targets(e_RxCxV, targets_RxC, sum_RxC).astype(logits_RxCxV.dtype)) if keep else ()
   if not with_entropy:
-    return (logp_RxC, None), logz_RxC, sum_RxC, dense_RxCxV
+    return (logp_RxC, None), logz_RxC, kept
   entropy_RxC = logz_RxC - jnp.sum(e_RxCxV * z_RxCxV, axis=-1) / sum_RxC
-  return (logp_RxC, entropy_RxC), logz_RxC, sum_RxC, dense_RxCxV
+  return (logp_RxC, entropy_RxC), logz_RxC, kept
 
 
 def _minus_at_targets(x_RxCxV, targets_RxC, amount_RxC):
@@ -79,12 +78,10 @@ def _chunk(project, temperature, with_entropy, recompute, w, h_RxCxE, targets_Rx
 
 
 def _chunk_fwd(project, temperature, with_entropy, recompute, w, h_RxCxE, targets_RxC, live):
-  def run():
-    out, logz_RxC, sum_RxC, dense_RxCxV = _forward(project, temperature, with_entropy, w, h_RxCxE, targets_RxC)
-    return (out, logz_RxC) if recompute else (out, logz_RxC, sum_RxC, dense_RxCxV)  # kept: [R, C, V] alive
-  out, logz_RxC, *kept = _when(live, run)
+  out, logz_RxC, kept = _when(live, lambda: _forward(project, temperature, with_entropy, not recompute, w, h_RxCxE,
+                                                      targets_RxC))  # kept: a [R, C, V] block alive to the backward
   # w and h are the chunk's own inputs: a map over chunks keeps them once, not per chunk
-  return out, (w, h_RxCxE, targets_RxC, live, logz_RxC, out[1], tuple(kept))
+  return out, (w, h_RxCxE, targets_RxC, live, logz_RxC, out[1], kept)
 
 
 def _chunk_fwd_rule(project, temperature, with_entropy, recompute, *primals):
