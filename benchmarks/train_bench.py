@@ -18,7 +18,8 @@ the heap, and each slows the other: at real width on a 2-core VM (2026-11-26), t
 a JAX runtime holding 5 GB against 25.4 s alone, ours 27.9 s with torch imported against 23.6 s without.
 --isolate runs each side alone in its own process instead (sides one after the other, --pairs times), ours
 keeping freed host memory as the CPU entry points do (oapl_jax/host_memory.py), torch with glibc's defaults
-(or the same, --torch_keeps_freed_memory). The first-step losses are printed as a check that both compute one thing.
+(or the same, --torch_keeps_freed_memory); the report says what each worker's malloc did. The first-step
+losses are printed as a check that both compute one thing.
 Each side's rate is also given as a fraction of this CPU's measured compute ceiling (benchmarks/ceiling.py,
 the best float32 matmul rate of either library): model FLOPs (6 x matmul weights x tokens + attention, what
 one step needs) per second over the ceiling, and for ours also the FLOPs it executes (recomputation included).
@@ -155,23 +156,20 @@ def _parser():
   return ap
 
 
-def _time_rounds(step_n, rounds, steps, floor_shapes=None):
-  """Seconds per step of each round (and, with floor_shapes, the matmul floor timed after each round)."""
-  from benchmarks import matmul_floor  # local: its imports take seconds
-  times, floors = [], []
+def _time_rounds(step_n, rounds, steps):
+  """Seconds per step of each of `rounds` rounds of step_n(steps)."""
+  times = []
   for _ in range(rounds):
     t0 = time.perf_counter()
     step_n(steps)
     times.append((time.perf_counter() - t0) / steps)
-    if floor_shapes is not None:
-      floors.append(matmul_floor.floor_seconds(floor_shapes))
-  return times, floors
+  return times
 
 
 def _side(args):
   """--isolate's worker: one side alone on the shared checkpoint; prints one JSON line."""
-  if args.side == "jax" or args.torch_keeps_freed_memory:
-    host_memory.keep_freed_memory()  # before either library starts its threads
+  # before either library starts its threads
+  kept = (args.side == "jax" or args.torch_keeps_freed_memory) and host_memory.keep_freed_memory()
   batch = make_batch(args.batch, args.group, args.seq_len, hf_config(args.width, args.layers).vocab_size)
   if args.side == "jax":
     jax_steps, _ = jax_steps_fn(args.checkpoint, batch, args.temperature, keep_logits=args.keep_logits)
@@ -182,12 +180,13 @@ def _side(args):
     step_n = lambda n: [torch_step() for _ in range(n)][-1]  # noqa: E731
   loss0 = float(step_n(1))
   step_n(1)
-  times, _ = _time_rounds(step_n, args.rounds, args.steps)
-  print(json.dumps({"loss0": loss0, "times": times}))
+  times = _time_rounds(step_n, args.rounds, args.steps)
+  print(json.dumps({"loss0": loss0, "times": times, "kept_freed_memory": bool(kept)}))
 
 
 def _isolated(args, ckpt):
-  """(jax times, torch times, jax loss0, torch loss0) from --pairs alternating worker processes."""
+  """(jax times, torch times, jax loss0, torch loss0, how each side's malloc ran) from --pairs alternating
+  worker processes."""
   forwarded = [a for a in sys.argv[1:] if a not in ("--isolate", "--floor")]
   results = {"jax": [], "torch": []}
   for pair in range(args.pairs):
@@ -199,7 +198,10 @@ def _isolated(args, ckpt):
         raise SystemExit(f"{side} worker failed ({out.returncode}):\n{out.stderr[-3000:]}")
       results[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
   times = {side: [t for r in rs for t in r["times"]] for side, rs in results.items()}
-  return times["jax"], times["torch"], results["jax"][0]["loss0"], results["torch"][0]["loss0"]
+  malloc = {side: "keeps freed host memory" if rs[0]["kept_freed_memory"] else "has glibc defaults"
+            for side, rs in results.items()}
+  return (times["jax"], times["torch"], results["jax"][0]["loss0"], results["torch"][0]["loss0"],
+          f"ours {malloc['jax']}, torch {malloc['torch']}")
 
 
 def main():
@@ -223,7 +225,7 @@ def main():
     floor_shapes = matmul_floor.train_shapes(model_config, tokens, response_tokens)
     floor_times = []
     if args.isolate:
-      jax_times, torch_times, jax_loss0, torch_loss0 = _isolated(args, ckpt)
+      jax_times, torch_times, jax_loss0, torch_loss0, malloc = _isolated(args, ckpt)
       if args.floor:  # after all of them: one per round of either side
         floor_times = [matmul_floor.floor_seconds(floor_shapes) for _ in range(len(jax_times))]
     else:
@@ -237,14 +239,13 @@ def main():
     torch_step()
     jax_times, torch_times = [], []
     for _ in range(args.rounds):  # alternating: fair on a shared machine
-      jax_times += _time_rounds(jax_steps, 1, args.steps)[0]
-      torch_times += _time_rounds(lambda n: [torch_step() for _ in range(n)], 1, args.steps)[0]
+      jax_times += _time_rounds(jax_steps, 1, args.steps)
+      torch_times += _time_rounds(lambda n: [torch_step() for _ in range(n)], 1, args.steps)
       if args.floor:
         floor_times.append(matmul_floor.floor_seconds(floor_shapes))
 
   jax_s, torch_s = float(np.median(jax_times)), float(np.median(torch_times))
-  where = (f"each side in its own process, {args.pairs} pair(s); ours keeps freed host memory, torch "
-           f"{'too' if args.torch_keeps_freed_memory else 'has glibc defaults'}" if args.isolate
+  where = (f"each side in its own process, {args.pairs} pair(s); {malloc}" if args.isolate
            else "one process, alternating rounds, glibc malloc defaults")
   print(f"batch B={B} x G={G} x T={T} ({tokens} positions, {response_tokens} response tokens); "
         f"jax devices: {jax.devices()[0].platform} x1, torch threads: {torch.get_num_threads()}; {where}")
