@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from oapl_jax import parallel
-from oapl_jax.models import vocab_logprobs
+from oapl_jax.models import projection_grad, vocab_logprobs
 from oapl_jax.models.attention import attend
 from oapl_jax.models.config import QwenConfig
 
@@ -144,7 +144,8 @@ def _dense(features, axes, config, name, bias=False, in_axes=-1):
   return Projection(
       features, axis=in_axes, use_bias=bias, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype,
       kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), axes),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), dot_general=projection_grad.dot_general,
+      name=name)
 
 
 def _write_cache(layer_cache: KVCache, new_k_BxKxTxD, new_v_BxKxTxD, positions_BxT) -> KVCache:
