@@ -18,6 +18,7 @@ from jax import lax
 
 
 def dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=None):
+  """lax.dot_general's signature and result; the dense layout differentiates by _dense_dot_bwd."""
   (x_contract, w_contract), (x_batch, w_batch) = dimension_numbers
   n = len(x_contract)
   dense_layout = (not x_batch and not w_batch and tuple(w_contract) == tuple(range(n))
@@ -28,18 +29,18 @@ def dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=
   return _dense_dot(n, precision, x, w)
 
 
-def _dense(n, precision, x, w):
+def _contract(n, precision, x, w):
   """x [tokens..., K...] . w [K..., F...] over the n axes K."""
   return lax.dot_general(x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())), precision=precision)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _dense_dot(n, precision, x, w):
-  return _dense(n, precision, x, w)
+  return _contract(n, precision, x, w)
 
 
 def _dense_dot_fwd(n, precision, x, w):
-  return _dense(n, precision, x, w), (x, w)
+  return _contract(n, precision, x, w), (x, w)
 
 
 def _dense_dot_bwd(n, precision, residuals, g):
