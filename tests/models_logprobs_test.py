@@ -116,7 +116,7 @@ def test_chunks_without_needed_positions_run_no_projection():
   def count(needed):
     calls.clear()
     f = lambda w, h: jnp.sum(vocab_logprobs.token_logprobs(  # noqa: E731
-        project, w, h, targets, jnp.asarray(needed), chunk_tokens=4))
+        project, w, h, targets, jnp.asarray(needed), chunk_tokens=4, tail_levels=0))
     jax.block_until_ready(jax.jit(jax.grad(f, argnums=(0, 1)))(w, h))
     jax.effects_barrier()  # the callbacks are unordered: on a GPU they may still be running here
     return len(calls)
@@ -126,6 +126,49 @@ def test_chunks_without_needed_positions_run_no_projection():
   assert count(needed) == 2 + 2  # 5 needed tokens fill 2 chunks of 4
   assert count(np.ones((2, 12), bool)) == 6 + 6
   assert count(np.zeros((2, 12), bool)) == 0
+
+
+@pytest.mark.parametrize("chunk, levels, want", [
+    (512, 3, (256, 128, 64)),
+    (36, 3, (20, 10, 5)),   # unit ceil(36 / 8) = 5
+    (4, 3, (2, 1)),         # only the sizes below a chunk
+    (1, 3, ()),
+    (512, 0, ()),
+])
+def test_tail_sizes(chunk, levels, want):
+  assert vocab_logprobs.tail_sizes(chunk, levels) == want
+
+
+def test_tails_project_the_needed_tokens_rounded_up_to_a_unit():
+  """The projection records how many tokens each run of it gets (a host callback): for every count of needed
+  tokens per shard, 0 to all 24, whole chunks of 8 run up to it and tails of 4, 2, 1 the rest (unit 1), so the
+  forward projects exactly the needed tokens; with tail_levels=0, up to the next multiple of 8. Values equal
+  the whole-chunk plan's."""
+  projected = []
+
+  def project(w, h_RxCxE):
+    jax.debug.callback(lambda n: projected.append(int(n)), h_RxCxE.shape[0] * h_RxCxE.shape[1])
+    return h_RxCxE @ w
+
+  rng = np.random.RandomState(4)
+  w = jnp.asarray(rng.normal(size=(8, 32)), jnp.float32)
+  h = jnp.asarray(rng.normal(size=(1, 24, 8)), jnp.float32)
+  targets = jnp.asarray(rng.randint(0, 32, (1, 24)))
+  runs = {levels: jax.jit(lambda needed, levels=levels: vocab_logprobs.token_logprobs(
+      project, w, h, targets, needed, chunk_tokens=8, tail_levels=levels))
+      for levels in (3, 0)}
+  for need in range(25):
+    needed = jnp.asarray(rng.permutation(np.arange(24) < need))[None]
+    tokens = {}
+    for levels, run in runs.items():
+      projected.clear()
+      values = jax.block_until_ready(run(needed))
+      jax.effects_barrier()
+      tokens[levels] = sum(projected)
+      if levels == 3:
+        with_tails = values
+    assert tokens == {3: need, 0: -(-need // 8) * 8}, need
+    np.testing.assert_allclose(with_tails, values, atol=1e-6, rtol=0)
 
 
 def _backward_temp_bytes(config, B, T):
@@ -183,8 +226,10 @@ def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows(with
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5),
                compiled(params_8, tokens_8, targets_8), one)
   hlo = compiled.as_text()
-  # Each device's logits block: one chunk of 24 of its own rows' 48 tokens x its half of V.
-  assert set(re.findall(rf"f32\[(\d+),(\d+),{V // 2}\]", hlo)) == {("1", "24")}
+  # Each device's logits block: one chunk of 24 of its own rows' 48 tokens x its half of V (with a mask, also
+  # the tails that stand in for a partly needed last chunk: 12, 6 and 3 tokens).
+  want_blocks = {"24", "12", "6", "3"} if with_needed else {"24"}
+  assert set(re.findall(rf"f32\[(\d+),(\d+),{V // 2}\]", hlo)) == {("1", c) for c in want_blocks}
   assert set(re.findall(r'known_trip_count":\{"n":"(\d+)"', hlo)) == {"2"}  # forward and backward: 4 rows / 2
 
 

@@ -27,6 +27,10 @@ class Execution:
   # tokens (rows x positions) per row shard in one chunk of the vocabulary projection: one float32
   # [tokens, vocab] block is alive per device, forward or backward, however many rows a batch has
   logprob_chunk_tokens: int = sections.rule(512, low=1)
+  # with a needed-positions mask (the trainer's response tokens), the needed tokens past the last whole chunk run
+  # in up to this many smaller chunks (halves, quarters, ... of one) instead of a whole chunk: the projection's
+  # excess over the needed tokens falls from up to a chunk to a chunk / 2^levels (0: whole chunks only)
+  logprob_tail_levels: int = sections.rule(3, low=0)
   # False: the vocabulary projection's backward reuses the forward's logits instead of recomputing them (one
   # matmul of 2 x tokens x hidden x vocab FLOPs fewer per step, but float32 [tokens, vocab] kept for the whole
   # batch: for small batches on CPU or GPU with memory to spare, not the paper's 16K-token sequences)

@@ -401,7 +401,7 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
   return vocab_logprobs.token_logprobs(
       functools.partial(_project_vocab, config), vocab_params, hidden_BxTxE, targets_BxT, needed_BxT,
       chunk_tokens=config.logprob_chunk_tokens, temperature=temperature, with_entropy=with_entropy,
-      recompute=config.logprob_recompute)
+      recompute=config.logprob_recompute, tail_levels=config.logprob_tail_levels)
 
 
 def _project_vocab(config: QwenConfig, vocab_params, hidden_BxTxE):
