@@ -264,8 +264,8 @@ def main():
   from benchmarks import ceiling  # local: tests import make_batch from here, and these imports take seconds
   from oapl_jax import compile_check
   from oapl_jax.models import vocab_logprobs
-  chunks, chunk = vocab_logprobs.chunk_plan(tokens, model_config.logprob_chunk_tokens)  # one device: one row shard
-  vocab_tokens = min(chunks, -(-response_tokens // chunk)) * chunk  # chunks holding a response token run
+  vocab_tokens = vocab_logprobs.projected_tokens(  # one device: one row shard
+      response_tokens, tokens, model_config.logprob_chunk_tokens, model_config.logprob_tail_levels)
   flops = compile_check.train_flops(model_config, B * G, T, vocab_tokens=vocab_tokens)
   peak = ceiling.measure(repeats=3)
   top = max(peak["jax"], peak["torch"])
@@ -274,7 +274,7 @@ def main():
         f"({flops['model'] / jax_s / 1e9 / top:.0%} of the ceiling), torch {flops['model'] / torch_s / 1e9:.1f} "
         f"GFLOP/s ({flops['model'] / torch_s / 1e9 / top:.0%}); jax executes {flops['executed'] / 1e9:.1f} G "
         f"({flops['executed'] / jax_s / 1e9 / top:.0%} of the ceiling; the vocabulary projection on "
-        f"{vocab_tokens} of {tokens} tokens, the chunks holding response tokens)")
+        f"{vocab_tokens} of {tokens} tokens: the chunks and tails holding response tokens)")
 
 
 if __name__ == "__main__":

@@ -139,6 +139,13 @@ def test_tail_sizes(chunk, levels, want):
   assert vocab_logprobs.tail_sizes(chunk, levels) == want
 
 
+def test_projected_tokens_of_the_train_benchmarks_batch():
+  # 1,332 response tokens of 2,048, chunks of 512: two whole chunks, then 308 rounded up to units of 64 (256 + 64)
+  assert vocab_logprobs.projected_tokens(1332, 2048, 512, 3) == 1344
+  assert vocab_logprobs.projected_tokens(1332, 2048, 512, 0) == 1536
+  assert vocab_logprobs.projected_tokens(2000, 2048, 512, 3) == 2048  # 464 needs 8 units: one more whole chunk
+
+
 def test_tails_project_the_needed_tokens_rounded_up_to_a_unit():
   """The projection records how many tokens each run of it gets (a host callback): for every count of needed
   tokens per shard, 0 to all 24, whole chunks of 8 run up to it and tails of 4, 2, 1 the rest (unit 1), so the
@@ -168,6 +175,7 @@ def test_tails_project_the_needed_tokens_rounded_up_to_a_unit():
       if levels == 3:
         with_tails = values
     assert tokens == {3: need, 0: -(-need // 8) * 8}, need
+    assert tokens == {levels: vocab_logprobs.projected_tokens(need, 24, 8, levels) for levels in (3, 0)}
     np.testing.assert_allclose(with_tails, values, atol=1e-6, rtol=0)
 
 

@@ -170,6 +170,18 @@ def tail_sizes(chunk: int, levels: int) -> tuple[int, ...]:
   return tuple(unit << j for j in reversed(range(levels)) if unit << j < chunk)
 
 
+def projected_tokens(needed: int, tokens: int, chunk_tokens: int, tail_levels: int) -> int:
+  """How many tokens a row shard of `tokens` positions, `needed` of them read, runs through the projection
+  (token_logprobs' plan, on the host: for FLOP counts)."""
+  chunks, chunk = chunk_plan(tokens, chunk_tokens)
+  tails = tail_sizes(chunk, tail_levels)
+  if not tails:
+    return min(chunks, -(-needed // chunk)) * chunk
+  whole, rest = divmod(needed, chunk)
+  by_units = -(-rest // tails[-1]) * tails[-1]
+  return whole * chunk + (by_units if by_units < chunk else chunk)
+
+
 def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=None, *, chunk_tokens: int,
                    temperature: float = 1.0, with_entropy: bool = False, recompute: bool = True,
                    tail_levels: int = 0):
