@@ -287,17 +287,22 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
     with layout.context():
       grads, metrics = _grads_and_metrics(lambda p, mb: grad_fn(p, state.frozen, mb), state.params, batch,
                                           config.micro_batches)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    def updated():  # (params, opt_state) after this step's update
+      updates, opt_state = tx.update(grads, state.opt_state, state.params)
+      return optax.apply_updates(state.params, updates), opt_state, updates
+
+    # The checks read the update through reductions only; the cond computes it again and writes params and moments
+    # in one pass. Selecting between kept new and old trees instead costs a pass more and twice the temporaries
+    # (at Qwen3-0.6B width on CPU: 1.86 vs 1.40 s, 3.3 vs 1.5 GiB for this part of the step).
+    params, _, updates = updated()
     update_norm, param_norm = optax.tree.norm(updates), optax.tree.norm(state.params)
     finite = _all_finite((metrics["loss"], grads, params))
     if config.max_update_ratio > 0:
       finite &= update_norm <= config.max_update_ratio * param_norm
-    keep_if_finite = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+    params, opt_state = jax.lax.cond(finite, lambda: updated()[:2], lambda: (state.params, state.opt_state))
     metrics.update(grad_norm=optax.tree.norm(grads), update_norm=update_norm, param_norm=param_norm,
                    learning_rate=schedule(state.step), update_skipped=1.0 - finite.astype(jnp.float32))
-    return TrainState(step=state.step + 1, params=keep_if_finite(params, state.params),
-                      opt_state=keep_if_finite(opt_state, state.opt_state), frozen=state.frozen), metrics
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state, frozen=state.frozen), metrics
 
   replicated = layout.replicated
   return jax.jit(train_step, in_shardings=(state_sh, batch_sharding(layout, num_prompts), replicated),
