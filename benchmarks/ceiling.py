@@ -5,9 +5,15 @@
 The sampler and train benchmarks divide their own achieved rate (analytic FLOPs / second) by this ceiling, so a
 ratio against a peer comes with the distance left to the hardware. The ceiling is the best of a few square and
 decode-shaped matmuls (f32, the dtype both benchmarks run in), each timed as the median of --repeats calls after
-a warm-up. A benchmark, not a test.
+a warm-up. The ceiling, and so every ratio against torch, depends on the CPU's vector units: on this project's
+2-core VMs JAX's ceiling read 104-165 GFLOP/s on AVX2 hosts and 189-205 on AVX-512 ones, where torch gained less
+(and our train step's ratio went from 1.16x to 1.94x with no change to the code). `cpu_description()` names them
+on every benchmark's ceiling line. A benchmark, not a test.
 """
 import argparse
+import os
+import platform
+import re
 import statistics
 import time
 
@@ -17,6 +23,29 @@ import numpy as np
 
 # (M, K, N): square, a decode step's vocabulary projection (64 rows, Qwen3-0.6B width), an MLP projection.
 SHAPES = ((2048, 2048, 2048), (64, 1024, 151936), (1024, 1024, 3072))
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+  """'<model name>, <n> cores, <widest vector ISA>' from /proc/cpuinfo (or the given text); where there is none
+  (macOS, Windows), the platform's processor string."""
+  if cpuinfo is None:
+    try:
+      with open("/proc/cpuinfo") as f:
+        cpuinfo = f.read()
+    except OSError:
+      return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+  fields = dict(re.findall(r"^(model name|flags|Features)\s*:\s*(.*)$", cpuinfo, re.M))
+  flags = set((fields.get("flags") or fields.get("Features") or "").split())
+  cores = len(re.findall(r"^processor\s*:", cpuinfo, re.M)) or os.cpu_count()
+  if "avx512f" in flags:
+    isa = "AVX-512" + (" with bf16" if flags & {"avx512_bf16", "amx_bf16"} else "")
+  elif "avx2" in flags:
+    isa = "AVX2" + (" with FMA" if "fma" in flags else "")
+  elif "sve" in flags or "asimd" in flags:
+    isa = "SVE" if "sve" in flags else "NEON"
+  else:
+    isa = "no AVX2"
+  return f"{fields.get('model name', platform.machine())}, {cores} core{'' if cores == 1 else 's'}, {isa}"
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -61,6 +90,7 @@ def main():
   ap.add_argument("--repeats", type=int, default=5)
   args = ap.parse_args()
   result = measure(args.repeats)
+  print(f"cpu: {cpu_description()}")
   print(f"{'M x K x N':>22} {'jax GFLOP/s':>12} {'torch GFLOP/s':>14}")
   for (m, k, n), (j, t) in result["by_shape"].items():
     print(f"{f'{m} x {k} x {n}':>22} {j:>12.1f} {t:>14.1f}")

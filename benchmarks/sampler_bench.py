@@ -128,6 +128,7 @@ def main(argv=None):
   print(f"devices: {jax.devices()}  torch threads: {torch.get_num_threads()}  cpu count: {os.cpu_count()}")
   print(f"{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}; prompt {args.prompt_length} "
         f"tokens, {args.new_tokens} new tokens, temperature 1; {flops_per_token / 1e6:.2f} MFLOP per token")
+  print(f"cpu: {ceiling.cpu_description()}")
   print(f"compute ceiling (best f32 matmul here): jax {peak['jax']:.1f}, torch {peak['torch']:.1f} GFLOP/s; "
         f"'% ceil' = decode FLOPs per second over the higher")
   print(f"{'batch':>5} {'ours tok/s':>11} {'hf tok/s':>10} {'ratio':>7} {'ours % ceil':>12} {'hf % ceil':>10} "

@@ -269,6 +269,7 @@ def main():
   flops = compile_check.train_flops(model_config, B * G, T, vocab_tokens=vocab_tokens)
   peak = ceiling.measure(repeats=3)
   top = max(peak["jax"], peak["torch"])
+  print(f"cpu: {ceiling.cpu_description()}")
   print(f"compute ceiling (best f32 matmul here): jax {peak['jax']:.1f}, torch {peak['torch']:.1f} GFLOP/s")
   print(f"model FLOPs per step {flops['model'] / 1e9:.1f} G: jax {flops['model'] / jax_s / 1e9:.1f} GFLOP/s "
         f"({flops['model'] / jax_s / 1e9 / top:.0%} of the ceiling), torch {flops['model'] / torch_s / 1e9:.1f} "
