@@ -27,7 +27,7 @@ SHAPES = ((2048, 2048, 2048), (64, 1024, 151936), (1024, 1024, 3072))
 
 
 def cpu_description(cpuinfo: str | None = None) -> str:
-  """'<model name>, <n> cores, <widest vector ISA>' from /proc/cpuinfo (or the given text); where there is none
+  """'<model name> (family, model), <n> cores, <widest vector ISA>' from /proc/cpuinfo (or the given text); where there is none
   (macOS, Windows), the platform's processor string."""
   if cpuinfo is None:
     try:
@@ -35,7 +35,7 @@ def cpu_description(cpuinfo: str | None = None) -> str:
         cpuinfo = f.read()
     except OSError:
       return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-  fields = dict(re.findall(r"^(model name|flags|Features)\s*:\s*(.*)$", cpuinfo, re.M))
+  fields = dict(re.findall(r"^(model name|cpu family|model|flags|Features)\s*:\s*(.*)$", cpuinfo, re.M))
   flags = set((fields.get("flags") or fields.get("Features") or "").split())
   cores = len(re.findall(r"^processor\s*:", cpuinfo, re.M)) or os.cpu_count()
   if "avx512f" in flags:
@@ -46,7 +46,10 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     isa = "SVE" if "sve" in flags else "NEON"
   else:
     isa = "no AVX2"
-  return f"{fields.get('model name', platform.machine())}, {cores} core{'' if cores == 1 else 's'}, {isa}"
+  name = fields.get("model name", platform.machine())
+  if "cpu family" in fields:  # x86: a VM's model name can be as bare as "AMD EPYC"; family and model tell hosts apart
+    name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+  return f"{name}, {cores} core{'' if cores == 1 else 's'}, {isa}"
 
 
 def median_seconds(fn, repeats: int) -> float:
