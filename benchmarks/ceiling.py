@@ -6,7 +6,7 @@ The sampler and train benchmarks divide their own achieved rate (analytic FLOPs 
 ratio against a peer comes with the distance left to the hardware. The ceiling is the best of a few square and
 decode-shaped matmuls (f32, the dtype both benchmarks run in), each timed as the median of --repeats calls after
 a warm-up. The ceiling, and so every ratio against torch, depends on the CPU's vector units: on this project's
-2-core VMs JAX's ceiling read 104-165 GFLOP/s in earlier sessions (an AVX2 host where recorded) and 189-205 on an
+2-core VMs JAX's ceiling read 104-165 GFLOP/s in earlier sessions (an AVX2 host where recorded) and 169-205 on an
 AVX-512 host, where torch gained less (our train step's ratio read 1.16x on the first and 1.94x on the second with
 the same code). `cpu_description()` names them
 on every benchmark's ceiling line. A benchmark, not a test.
