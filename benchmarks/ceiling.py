@@ -5,11 +5,11 @@
 The sampler and train benchmarks divide their own achieved rate (analytic FLOPs / second) by this ceiling, so a
 ratio against a peer comes with the distance left to the hardware. The ceiling is the best of a few square and
 decode-shaped matmuls (f32, the dtype both benchmarks run in), each timed as the median of --repeats calls after
-a warm-up. The ceiling, and so every ratio against torch, depends on the CPU's vector units: on this project's
-2-core VMs JAX's ceiling read 104-165 GFLOP/s in earlier sessions (an AVX2 host where recorded) and 169-205 on an
-AVX-512 host, where torch gained less (our train step's ratio read 1.16x on the first and 1.94x on the second with
-the same code). `cpu_description()` names them
-on every benchmark's ceiling line. A benchmark, not a test.
+a warm-up. The ceiling, and so every ratio against torch, depends on the host: on this project's 2-core VMs JAX's
+ceiling read 104-165 GFLOP/s in earlier sessions (an AVX2 host where recorded) and 169-205 on an AVX-512 host, where
+torch gained less (our train step read 1.16x on the first and 1.79-1.94x on the second, with the same code; holding
+both libraries to AVX2 on the second left JAX's ceiling unchanged, so the vector width alone does not explain it).
+`cpu_description()` names the host on every benchmark's ceiling line. A benchmark, not a test.
 """
 import argparse
 import os
@@ -27,8 +27,8 @@ SHAPES = ((2048, 2048, 2048), (64, 1024, 151936), (1024, 1024, 3072))
 
 
 def cpu_description(cpuinfo: str | None = None) -> str:
-  """'<model name> (family, model), <n> cores, <widest vector ISA>' from /proc/cpuinfo (or the given text); where there is none
-  (macOS, Windows), the platform's processor string."""
+  """'<model name> (family, model), <n> cores, <widest vector ISA>' from /proc/cpuinfo (or the given text);
+  where there is none (macOS, Windows), the platform's processor string."""
   if cpuinfo is None:
     try:
       with open("/proc/cpuinfo") as f:
@@ -47,7 +47,7 @@ def cpu_description(cpuinfo: str | None = None) -> str:
   else:
     isa = "no AVX2"
   name = fields.get("model name", platform.machine())
-  if "cpu family" in fields:  # x86: a VM's model name can be as bare as "AMD EPYC"; family and model tell hosts apart
+  if "cpu family" in fields:  # x86: a VM's model name can be a bare "AMD EPYC"; family and model tell hosts apart
     name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
   return f"{name}, {cores} core{'' if cores == 1 else 's'}, {isa}"
 
