@@ -59,8 +59,9 @@ def get_config(arg: str = "") -> ConfigDict:
                          warmup_ratio=0.02, min_ratio=0.05, total_steps=418)
   c.trainer.micro_batches = 8  # 4 prompts x 8 samples = 32 sequences per micro-batch: one per device of a v5p-64
   # Compile check on v5p-64 (python -m oapl_jax.apps.compile_check --config configs/code.py --topology v5p-64), per chip:
-  # train step at T=36095 44.5 GiB (46% of 95.7; remat + splash; about 10 GiB fixed + 0.72 GiB per layer, mostly
-  # the bf16 residual saved per layer), prefill 2.8, insert 26.5, decode 39.6, train + resident sampler 70.9 (74%).
+  # train step at T=36095 44.8 GiB (46.8% of 95.7 at 1a81059; remat + splash; about 10 GiB fixed + 0.72 GiB per
+  # layer, mostly the bf16 residual saved per layer), prefill 2.8, insert 26.5, decode 39.6, train + resident
+  # sampler 71.2 (74.4%).
   # 64 slots: the KV cache is sized for eval's 64K tokens; on a v5p-64 insert/decode compile to 26/46 GiB per chip
   c.sampler.update(num_slots=64, max_prefill_length=4096, max_new_tokens=32000, temperature=1.0, top_p=1.0,
                    dtype="bfloat16", steps_per_sync=64)
