@@ -5,11 +5,9 @@
 The sampler and train benchmarks divide their own achieved rate (analytic FLOPs / second) by this ceiling, so a
 ratio against a peer comes with the distance left to the hardware. The ceiling is the best of a few square and
 decode-shaped matmuls (f32, the dtype both benchmarks run in), each timed as the median of --repeats calls after
-a warm-up. The ceiling, and so every ratio against torch, depends on the host: on this project's 2-core VMs JAX's
-ceiling read 104-165 GFLOP/s in earlier sessions (an AVX2 host where recorded) and 169-205 on an AVX-512 host, where
-torch gained less (our train step read 1.16x on the first and 1.79-1.94x on the second, with the same code; holding
-both libraries to AVX2 on the second left JAX's ceiling unchanged, so the vector width alone does not explain it).
-`cpu_description()` names the host on every benchmark's ceiling line. A benchmark, not a test.
+a warm-up. The ceiling, and so every ratio against torch, depends on the host (README's train-bench table: the
+same step read 1.16x on one of this project's VMs and 1.79-1.94x on another); `cpu_description()` names the host
+on every benchmark's ceiling line. A benchmark, not a test.
 """
 import argparse
 import os
