@@ -13,6 +13,7 @@
 #   --commit SHA    the commit in the stamp. Default: `git rev-parse HEAD` of this repo copy.
 #   --python PY     the interpreter that creates the venv. Default python3.
 #   --dry-run       print the commands it would run, one per line; run nothing.
+#   -h, --help      this text.
 # Example (what launch/tpu_vm.sh runs on every TPU worker):
 #   bash oapl_jax/<sha>/launch/bootstrap.sh --extras tpu --commit <sha>
 set -euo pipefail
@@ -32,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --commit) COMMIT=$2; shift 2 ;;
     --python) PYTHON=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage ;;
     *) die "unknown flag $1 (see the top of $0)" ;;
   esac
 done

@@ -15,7 +15,12 @@
 #   --workdir DIR        run directory on the shared filesystem (or gs://). Required.
 #   --log-dir DIR        sbatch output and per-task logs. Default runs/slurm.
 #   --venv-dir DIR       the shared venv. Default ~/.cache/oapl_jax/venv.
+#   --stage SRC=DEST     put weights or data at DEST (on the shared filesystem) before training, once, on the
+#                        batch host (repeatable); SRC is gs://BUCKET/PATH (gcloud storage rsync),
+#                        hf:ORG/NAME[@REV] (oapl-prepare model), data:NAME (oapl-prepare data) or an absolute path
+#                        (linked). DEST is where the config reads it, e.g. ~/models/Qwen3-0.6B.
 #   --dry-run            print the commands, one per line; run nothing.
+#   -h, --help           this text.
 #   -- OVERRIDES...      config overrides, e.g. --config.loop.num_syncs=2
 # Example (2 nodes x 8 H100):
 #   launch/slurm.sh --nodes 2 --gpus-per-node 8 --partition h100 --config configs/math.py \
@@ -27,7 +32,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NODES=2 GPUS_PER_NODE=8 PARTITION="" ACCOUNT="" TIME=24:00:00 JOB_NAME=oapl CONFIG="" WORKDIR=""
 LOG_DIR=runs/slurm VENV_DIR="" DRY_RUN=0
-SBATCH_ARGS=() OVERRIDES=()
+SBATCH_ARGS=() OVERRIDES=() STAGES=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) NODES=$2; shift 2 ;;
@@ -42,7 +47,9 @@ while [[ $# -gt 0 ]]; do
     --workdir) WORKDIR=$2; shift 2 ;;
     --log-dir) LOG_DIR=$2; shift 2 ;;
     --venv-dir) VENV_DIR=$2; shift 2 ;;
+    --stage) STAGES+=("$2"); shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage ;;
     --) shift
       for override in "$@"; do  # --dry-run is honoured even after --
         if [[ $override == --dry-run ]]; then DRY_RUN=1; else OVERRIDES+=("$override"); fi
@@ -51,6 +58,7 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown flag $1 (see the top of $0)" ;;
   esac
 done
+check_stages "${STAGES[@]}"
 [[ -n $CONFIG && -n $WORKDIR ]] || die "--config and --workdir are required"
 [[ $NODES =~ ^[1-9][0-9]*$ && $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || die "--nodes/--gpus-per-node: positive integers"
 [[ $LOG_DIR == /* ]] || LOG_DIR="$REPO/$LOG_DIR"
@@ -62,6 +70,7 @@ SBATCH=(sbatch --job-name="$JOB_NAME" --nodes="$NODES" --ntasks-per-node=1 --gpu
 SBATCH+=("${SBATCH_ARGS[@]}")
 SCRIPT_ARGS=(--repo "$REPO" --config "$CONFIG" --workdir "$WORKDIR" --log-dir "$LOG_DIR")
 [[ -z $VENV_DIR ]] || SCRIPT_ARGS+=(--venv-dir "$VENV_DIR")
+for spec in "${STAGES[@]}"; do SCRIPT_ARGS+=(--stage "$spec"); done
 [[ ${#OVERRIDES[@]} == 0 ]] || OVERRIDES=(-- "${OVERRIDES[@]}")
 
 step "$(words cd "$REPO")"

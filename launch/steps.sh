@@ -64,3 +64,50 @@ repo_commit() {
   fi
   printf '%s' "$commit"
 }
+
+# usage: the script's header comment (its manual), for -h/--help; exits 0.
+usage() {
+  sed -n '2,/^set -euo pipefail/p' "$0" | sed -n '/^#SBATCH/d; /^#/p' | sed 's/^# \{0,1\}//'
+  exit 0
+}
+
+# host_path PATH: PATH for a command line run on another host: a leading ~/ stays bare (that host's home).
+host_path() {
+  # shellcheck disable=SC2088  # a literal ~, expanded by the shell on that host
+  if [[ $1 == "~/"* ]]; then printf '~/%s' "$(quote "${1#\~/}")"; else quote "$1"; fi
+}
+
+# stage_line SPEC PYTHON: one shell line that puts what a run reads (weights, data) at DEST on the host running
+# it, for SPEC = SRC=DEST. DEST is where the config looks (configs/gsm8k.py reads ~/models/Qwen3-0.6B and
+# ~/data/gsm8k); a leading ~/ is that host's home. SRC is one of:
+#   gs://BUCKET/PATH   copied with `gcloud storage rsync --recursive` (what is already there is skipped);
+#   hf:ORG/NAME[@REV]  a checkpoint fetched and verified by `PYTHON -m oapl_jax.apps.prepare model`;
+#   data:NAME          a dataset written by `PYTHON -m oapl_jax.apps.prepare data NAME` (gsm8k, math, ...);
+#   /ABSOLUTE/PATH     on a filesystem every host mounts: checked and linked at DEST, not copied.
+stage_line() {
+  local spec=$1 python=$2 src dest
+  [[ $spec == *=* ]] || die "--stage wants SRC=DEST (e.g. gs://bucket/models/Qwen3-0.6B=~/models/Qwen3-0.6B), got '$spec'"
+  src=${spec%=*} dest=${spec##*=}
+  [[ -n $src && -n $dest ]] || die "--stage wants SRC=DEST, got '$spec'"
+  local to
+  to=$(host_path "$dest")
+  # shellcheck disable=SC2016  # the linked case's $(dirname ...) runs on that host
+  case $src in
+    gs://*) printf 'mkdir -p %s && gcloud storage rsync --recursive %s %s' "$to" "$(quote "$src")" "$to" ;;
+    hf:*)
+      local repo=${src#hf:} revision=()
+      if [[ $repo == *@* ]]; then revision=(--revision "${repo##*@}"); repo=${repo%@*}; fi
+      printf '%s %s' "$python" "$(words -m oapl_jax.apps.prepare model "$repo" "${revision[@]}")"
+      printf ' --out %s' "$to" ;;
+    data:*) printf '%s %s --out %s' "$python" "$(words -m oapl_jax.apps.prepare data "${src#data:}")" "$to" ;;
+    /*) printf 'test -e %s && mkdir -p "$(dirname %s)" && ln -sfn %s %s' "$(quote "$src")" "$to" "$(quote "$src")" \
+          "$to" ;;
+    *) die "--stage source '$src' must be gs://..., hf:ORG/NAME[@REV], data:NAME or an absolute path" ;;
+  esac
+}
+
+# check_stages SPEC...: refuse a bad --stage before any step runs.
+check_stages() {
+  local spec
+  for spec in "$@"; do stage_line "$spec" python >/dev/null; done
+}

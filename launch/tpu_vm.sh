@@ -10,7 +10,8 @@
 #      with --tpu-vm, `tpu-vm create` instead (one slice only);
 #   4. on every worker of every slice (`gcloud compute tpus tpu-vm ssh NODE --worker=all`): unpack the commit
 #      into ~/oapl_jax/<sha> and run launch/bootstrap.sh (idempotent, cached venv in ~/.cache/oapl_jax/venv);
-#   5. the same training command on every worker of every slice; gcloud writes each worker's output to
+#   5. --stage: weights and data put where the config reads them, on every worker;
+#   6. the same training command on every worker of every slice; gcloud writes each worker's output to
 #      LOG_DIR/<node>/<worker>.log (--output-directory). jax.distributed finds the coordinator itself on TPU
 #      VMs (oapl_jax/distributed.py). For several slices the queued resource provides the MEGASCALE_*
 #      settings (coordinator, slice id, slice count) in the VMs' tpu-env metadata, so nothing is exported here;
@@ -33,14 +34,21 @@
 #   --topology T             for the compile check. Default TYPE (one slice), NxTYPE (N slices).
 #   --dcn SPEC               --config.mesh.trainer_dcn value for several slices. Default (N,1,1).
 #   --env KEY=VALUE          exported to the training processes on every worker (repeatable).
+#   --stage SRC=DEST         put weights or data at DEST on every worker before training (repeatable); SRC is
+#                            gs://BUCKET/PATH (gcloud storage rsync), hf:ORG/NAME[@REV] (oapl-prepare model),
+#                            data:NAME (oapl-prepare data) or an absolute path every worker mounts (linked).
+#                            DEST is where the config reads it, e.g. ~/models/Qwen3-0.6B (that worker's home).
 #   --python PY              local interpreter for the compile check. Default python3.
 #   --log-dir DIR            local per-worker logs. Default runs/launch/NAME.
 #   --commit SHA             what to ship. Default HEAD.
 #   --dry-run                print the commands it would run, one per line; run nothing.
+#   -h, --help               this text.
 #   -- OVERRIDES...          config overrides for the compile check and the training, e.g. --config.loop.num_syncs=2
 # Example:
 #   launch/tpu_vm.sh --name oapl-v5p --accelerator-type v5p-64 --zone us-east5-a --project my-proj \
-#     --config configs/math.py --workdir gs://my-bucket/runs/math --dry-run
+#     --config configs/math.py --workdir gs://my-bucket/runs/math --dry-run \
+#     --stage gs://my-bucket/models/Qwen3-4B-Thinking-2507=~/models/Qwen3-4B-Thinking-2507 \
+#     --stage gs://my-bucket/data=~/data
 set -euo pipefail
 # shellcheck source=launch/steps.sh
 source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
@@ -48,7 +56,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NAME="" ACCELERATOR="" NUM_SLICES=1 ZONE="" PROJECT="" RUNTIME_VERSION="" CAPACITY="" USE_TPU_VM=0
 CONFIG="" WORKDIR="" TOPOLOGY="" DCN="" PYTHON=python3 LOG_DIR="" COMMIT="" DRY_RUN=0
-ENV_VARS=() OVERRIDES=()
+ENV_VARS=() OVERRIDES=() STAGES=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) NAME=$2; shift 2 ;;
@@ -64,6 +72,8 @@ while [[ $# -gt 0 ]]; do
     --topology) TOPOLOGY=$2; shift 2 ;;
     --dcn) DCN=$2; shift 2 ;;
     --env) ENV_VARS+=("$2"); shift 2 ;;
+    --stage) STAGES+=("$2"); shift 2 ;;
+    -h|--help) usage ;;
     --python) PYTHON=$2; shift 2 ;;
     --log-dir) LOG_DIR=$2; shift 2 ;;
     --commit) COMMIT=$2; shift 2 ;;
@@ -79,6 +89,7 @@ done
 for required in NAME ACCELERATOR ZONE PROJECT CONFIG WORKDIR; do
   [[ -n ${!required} ]] || die "--$(tr '[:upper:]_' '[:lower:]-' <<< "$required" | sed 's/accelerator/accelerator-type/') is required"
 done
+check_stages "${STAGES[@]}"
 [[ $NUM_SLICES =~ ^[1-9][0-9]*$ ]] || die "--num-slices must be a positive integer, got '$NUM_SLICES'"
 [[ $USE_TPU_VM == 0 || $NUM_SLICES == 1 ]] || die "several slices need a queued resource; drop --tpu-vm"
 if [[ -z $RUNTIME_VERSION ]]; then
@@ -136,7 +147,16 @@ for node in "${NODES[@]}"; do
   step_bg "$(words gcloud compute tpus tpu-vm ssh "$node" "${WHERE[@]}" --worker=all --command "$BOOTSTRAP")"
 done
 wait_bg
-# 5. The same training command on every worker; per-worker logs under LOG_DIR/<node>/<worker>.log.
+# 5. Weights and data on every worker of every slice (--stage), from the worker's copy of the repo.
+if [[ ${#STAGES[@]} -gt 0 ]]; then
+  STAGE="cd $REMOTE_REPO"
+  for spec in "${STAGES[@]}"; do STAGE+=" && $(stage_line "$spec" "$REMOTE_PYTHON")"; done
+  for node in "${NODES[@]}"; do
+    step_bg "$(words gcloud compute tpus tpu-vm ssh "$node" "${WHERE[@]}" --worker=all --command "$STAGE")"
+  done
+  wait_bg
+fi
+# 6. The same training command on every worker; per-worker logs under LOG_DIR/<node>/<worker>.log.
 TRAIN="cd $REMOTE_REPO && "
 [[ ${#ENV_VARS[@]} == 0 ]] || TRAIN+="$(words env "${ENV_VARS[@]}") "
 TRAIN+="$REMOTE_PYTHON $(words -m oapl_jax.main --config "$CONFIG" --workdir "$WORKDIR" "${OVERRIDES[@]}")"

@@ -8,8 +8,9 @@
 #   2. the commit to ship: `git archive` into a clean directory (xpk copies --script-dir into the image; the
 #      repo itself would bring .venv and runs/ along);
 #   3. `xpk workload create`: xpk builds the image from --base-docker-image plus that directory, and runs the
-#      same command in every pod: launch/bootstrap.sh (venv inside the container), then
-#      python -m oapl_jax.main. Each pod is one worker; its log is the pod's log (`kubectl logs`, Cloud Logging).
+#      same command in every pod: launch/bootstrap.sh (venv inside the container), the --stage copies (weights
+#      and data where the config reads them), then python -m oapl_jax.main.
+#      Each pod is one worker; its log is the pod's log (`kubectl logs`, Cloud Logging).
 #      jax.distributed: TPU pods are found by jax itself (GKE TPU environment); xpk's GPU pods get
 #      JAX_COORDINATOR_ADDRESS/JAX_COORDINATOR_PORT from xpk, and the command maps xpk's NNODES and NODE_RANK
 #      to JAX_NUM_PROCESSES and JAX_PROCESS_ID for oapl_jax/distributed.py. Several TPU slices: xpk sets the
@@ -29,9 +30,15 @@
 #   --topology T             for the TPU compile check. Default TYPE (one slice), NxTYPE (N slices).
 #   --dcn SPEC               --config.mesh.trainer_dcn value for several slices. Default (N,1,1).
 #   --env KEY=VALUE          set in every pod (xpk --env; repeatable).
+#   --stage SRC=DEST         put weights or data at DEST in every pod before training (repeatable); SRC is
+#                            gs://BUCKET/PATH (gcloud storage rsync: the image needs gcloud, e.g.
+#                            --base-docker-image google/cloud-sdk:slim), hf:ORG/NAME[@REV] (oapl-prepare model),
+#                            data:NAME (oapl-prepare data) or an absolute path the pods mount (linked).
+#                            DEST is where the config reads it, e.g. ~/models/Qwen3-0.6B.
 #   --python PY              local interpreter for the compile check. Default python3.
 #   --commit SHA             what to ship. Default HEAD.
 #   --dry-run                print the commands it would run, one per line; run nothing.
+#   -h, --help               this text.
 #   -- OVERRIDES...          config overrides for the compile check and the training.
 # Examples:
 #   launch/xpk.sh --cluster tpu-cluster --workload oapl-math --project my-proj --zone us-east5 \
@@ -45,7 +52,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CLUSTER="" WORKLOAD="" PROJECT="" ZONE="" TPU_TYPE="" DEVICE_TYPE="" NUM_SLICES=1 NUM_NODES=1
 CONFIG="" WORKDIR="" BASE_IMAGE=python:3.11 IMAGE="" TOPOLOGY="" DCN="" PYTHON=python3 COMMIT="" DRY_RUN=0
-ENV_VARS=() OVERRIDES=()
+ENV_VARS=() OVERRIDES=() STAGES=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --cluster) CLUSTER=$2; shift 2 ;;
@@ -63,6 +70,8 @@ while [[ $# -gt 0 ]]; do
     --topology) TOPOLOGY=$2; shift 2 ;;
     --dcn) DCN=$2; shift 2 ;;
     --env) ENV_VARS+=("$2"); shift 2 ;;
+    --stage) STAGES+=("$2"); shift 2 ;;
+    -h|--help) usage ;;
     --python) PYTHON=$2; shift 2 ;;
     --commit) COMMIT=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -77,6 +86,7 @@ done
 for required in CLUSTER WORKLOAD PROJECT ZONE CONFIG WORKDIR; do
   [[ -n ${!required} ]] || die "--$(tr '[:upper:]' '[:lower:]' <<< "$required") is required"
 done
+check_stages "${STAGES[@]}"
 [[ -n $TPU_TYPE || -n $DEVICE_TYPE ]] || die "give --tpu-type (TPU) or --device-type (GPU)"
 [[ -z $TPU_TYPE || -z $DEVICE_TYPE ]] || die "--tpu-type and --device-type exclude each other"
 [[ $NUM_SLICES =~ ^[1-9][0-9]*$ && $NUM_NODES =~ ^[1-9][0-9]*$ ]] || die "--num-slices/--num-nodes: positive integers"
@@ -102,6 +112,7 @@ if [[ -n $IMAGE ]]; then POD_PYTHON=python3; else
   # shellcheck disable=SC2088  # a literal ~, expanded in the pod: bootstrap.sh's default venv
   POD_PYTHON="~/.cache/oapl_jax/venv/bin/python"
 fi
+for spec in "${STAGES[@]}"; do POD_SETUP+="$(stage_line "$spec" "$POD_PYTHON") && "; done
 POD_COMMAND="$POD_SETUP$POD_PYTHON $(words -m oapl_jax.main --config "$CONFIG" --workdir "$WORKDIR" "${OVERRIDES[@]}")"
 
 # 1. Compile check (TPU), locally.

@@ -259,3 +259,50 @@ def test_bootstrap_skips_when_the_stamp_matches(tmp_path):
   assert result.returncode == 0 and result.stdout == "" and "nothing to do" in result.stderr
   other = dry_run("bootstrap.sh", "--extras", "gpu", "--venv-dir", str(venv), "--commit", COMMIT)
   assert argv(other[index_of(other, "pip install --quiet -e")])[-1] == f"{REPO}[gpu]"  # new extras: reinstall
+
+
+@pytest.mark.parametrize("script", [s.removeprefix("launch/") for s in SCRIPTS if not s.endswith("steps.sh")])
+def test_help_prints_the_scripts_manual(script):
+  result = subprocess.run(["bash", f"launch/{script}", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+  assert result.returncode == 0, result.stderr
+  assert "--dry-run" in result.stdout and not any(line.startswith(("#", "set -")) for line in result.stdout.splitlines())
+
+
+STAGES = ["--stage", "gs://b/models/Qwen3-0.6B=~/models/Qwen3-0.6B", "--stage", "hf:Qwen/Qwen3-0.6B@v1=~/models/q",
+          "--stage", "data:gsm8k=~/data/gsm8k", "--stage", "/shared/data/math=~/data/math"]
+STAGED = [["mkdir", "-p", "~/models/Qwen3-0.6B", "&&", "gcloud", "storage", "rsync", "--recursive",
+           "gs://b/models/Qwen3-0.6B", "~/models/Qwen3-0.6B"],
+          ["-m", "oapl_jax.apps.prepare", "model", "Qwen/Qwen3-0.6B", "--revision", "v1", "--out", "~/models/q"],
+          ["-m", "oapl_jax.apps.prepare", "data", "gsm8k", "--out", "~/data/gsm8k"],
+          ["test", "-e", "/shared/data/math", "&&"]]
+
+
+def _contains(words, part):
+  return any(words[i:i + len(part)] == part for i in range(len(words)))
+
+
+def test_stage_puts_weights_and_data_on_every_worker_before_training():
+  lines = tpu_vm("--name", "oapl", "--accelerator-type", "v5p-64", *STAGES)
+  stage = index_of(lines, "oapl_jax.apps.prepare model")
+  assert index_of(lines, "launch/bootstrap.sh") < stage < index_of(lines, "oapl_jax.main")  # the venv exists then
+  words = argv(lines[stage])
+  assert "--worker=all" in words
+  remote = shlex.split(flag(words, "--command"))  # ~ stays bare: the worker's home
+  assert remote[:3] == ["cd", f"oapl_jax/{COMMIT}", "&&"] and all(_contains(remote, part) for part in STAGED)
+
+  xpk = dry_run("xpk.sh", "--cluster", "c", "--workload", "w", "--project", "p", "--zone", "z", "--device-type",
+                "h100-80gb-8", "--config", "configs/gsm8k.py", "--workdir", GCS, "--commit", COMMIT, *STAGES)
+  pod = shlex.split(flag(argv(xpk[index_of(xpk, "xpk workload create")]), "--command"))
+  assert all(_contains(pod, part) for part in STAGED)
+  assert pod.index("launch/bootstrap.sh") < pod.index("oapl_jax.apps.prepare") < pod.index("oapl_jax.main")
+
+  slurm = dry_run("slurm.sh", "--config", "configs/gsm8k.py", "--workdir", "/shared/runs", *STAGES)
+  inside = slurm[index_of(slurm, "# inside the allocation"):]
+  staged = [i for i, line in enumerate(inside) if "prepare" in line or "rsync" in line or "ln -sfn" in line]
+  assert len(staged) == 4 and index_of(inside, "bootstrap.sh") < min(staged) and max(staged) < index_of(inside, "srun ")
+
+
+@pytest.mark.parametrize("spec", ["no-equals-sign", "s3://b/x=~/x", "relative/path=~/x", "gs://b/x="])
+def test_a_bad_stage_is_refused_before_anything_runs(spec):
+  assert "--stage" in dry_run("slurm.sh", "--config", "c", "--workdir", "w", "--stage", spec, expect_rc=2)
