@@ -118,6 +118,26 @@ def test_bad_lora_settings_are_config_errors():
     check.check(schema.from_config(cfg))
 
 
+def test_a_rank_at_or_above_a_layers_width_is_a_config_error_naming_the_layer():
+  """Issue 41.3: rank 4096 on a width-128 model ran and saved adapters bigger than the model."""
+  from configs import own_task  # pylint: disable=import-outside-toplevel
+  cfg = own_task.get_config()
+  o = cfg.model.overrides
+  hidden, kv_width = o.hidden_size, o.num_kv_heads * o.head_dim  # 128 and 64: k_proj/v_proj are 128 -> 64
+  assert kv_width < hidden == o.num_heads * o.head_dim
+  cfg.trainer.lora.rank = 4096
+  with pytest.raises(sections.ConfigError, match=r"trainer.lora.rank=4096: must be below min\(d_in, d_out\)") as info:
+    check.validate(cfg)
+  for name, d_out in (("q_proj", hidden), ("k_proj", kv_width), ("v_proj", kv_width), ("o_proj", hidden)):
+    assert f"layers/attn/{name} ({hidden} -> {d_out})" in str(info.value)
+  cfg.trainer.lora.rank = kv_width  # too wide for the kv projections only
+  with pytest.raises(sections.ConfigError) as info:
+    check.validate(cfg)
+  assert "k_proj" in str(info.value) and "v_proj" in str(info.value) and "q_proj" not in str(info.value)
+  cfg.trainer.lora.rank = kv_width - 1
+  assert check.validate(cfg) == []
+
+
 def test_lora_run_saves_only_adapters_resumes_exactly_and_exports_merged(tmp_path):
   config = tiny_config(num_syncs=2, sync_every=3)
   config.warmstart.steps = 20

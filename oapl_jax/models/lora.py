@@ -78,6 +78,19 @@ def _find_targets(settings: LoraSettings, model) -> dict[tuple, tuple[int, int, 
   return found
 
 
+def oversized_targets(settings: LoraSettings, model) -> list[str]:
+  """'path (d_in -> d_out)' of every targeted kernel with min(d_in, d_out) <= rank: there an adapter is no smaller
+  than the layer it adapts. Raises ValueError when a target is not in the model."""
+  shapes = nn.unbox(jax.eval_shape(model.init_params, jax.random.PRNGKey(0)))
+  out = []
+  for path, (lead, n_in, _) in sorted(_targets(settings, model).items()):
+    shape = _at(shapes, path)["kernel"].shape
+    d_in, d_out = math.prod(shape[lead:lead + n_in]), math.prod(shape[lead + n_in:])
+    if settings.rank >= min(d_in, d_out):
+      out.append(f"{'/'.join(path)} ({d_in} -> {d_out})")
+  return out
+
+
 def _nest(flat: dict[tuple, Any]) -> dict:
   tree: dict = {}
   for path, value in flat.items():

@@ -5,7 +5,7 @@
 
 Per-field rules live on the sections' fields (sections.rule) and each task checks its own section
 through its registry entry (tasks/factory.TASKS); here: batch x mesh, model dims x mesh, lengths, the
-loss's need for groups, the warm start's need for demonstrations.
+loss's need for groups, the warm start's need for demonstrations, LoRA's rank x the layers' widths.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import jax
 
 from oapl_jax import objectives, parallel, sections
-from oapl_jax.models import factory
+from oapl_jax.models import api, factory, lora
 from oapl_jax.run import schema
 from oapl_jax.run.schema import RunConfig
 from oapl_jax.tasks import factory as task_factory
@@ -60,6 +60,8 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
   except ValueError as e:
     model = None
     p.errors.append(str(e) if str(e).startswith("model.") else f"model.overrides: {e}")
+  if model is not None and rc.trainer.lora.enabled:
+    _lora_rank(rc, model, p)
   placement = _placement(rc, list(devices if devices is not None else jax.devices()), p)
   if placement is not None:
     _shards(rc, placement, model, p)
@@ -71,6 +73,18 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
   for w in p.warnings:
     log.warning("config: %s", w)
   return p.warnings
+
+
+def _lora_rank(rc: RunConfig, model, p: sections.Problems) -> None:
+  """A rank at or above a target's min(d_in, d_out) adapts nothing a full update would not, at more cost."""
+  try:
+    oversized = lora.oversized_targets(rc.trainer.lora, api.for_config(model))
+  except ValueError as e:
+    p.add("trainer.lora.targets", rc.trainer.lora.targets, str(e))
+    return
+  if oversized:
+    p.add("trainer.lora.rank", rc.trainer.lora.rank, "must be below min(d_in, d_out) of every target layer; "
+          f"it is not for {', '.join(oversized)}")
 
 
 def _placement(rc: RunConfig, devices: list, p: sections.Problems) -> Optional[parallel.Placement]:
