@@ -26,11 +26,13 @@ Step time at a stated MFU = model FLOPs / (chips * peak bf16 FLOP/s * MFU).
 """
 import contextlib
 import dataclasses
+import glob
 import json
 import math
 import os
 import re
 import sys
+import threading
 import time
 from typing import Optional, Sequence
 
@@ -102,9 +104,26 @@ def parse_topology(name: str) -> Topology:
   return Topology(name, chip, shape, slices)
 
 
+def accelerator_type(topology: Topology) -> str:
+  """The slice's Cloud TPU accelerator type, as a TPU VM's metadata names it: v5p-64, v5litepod-16, v6e-8."""
+  prefix = {"v5e": "v5litepod"}.get(topology.chip.name, topology.chip.name)
+  return f"{prefix}-{topology.chips_per_slice * topology.chip.cores_per_chip}"
+
+
+def _quiet_libtpu(topology: Topology) -> None:
+  """Off a TPU VM, libtpu looks for the VM's metadata when it loads, then logs an E-level "unexpected worker
+  hostname" that reads as fatal and is not: compiling needs no TPU worker. Tell it what it would ask."""
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return  # a real TPU VM: its own metadata is right
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(topology))
+
+
 def topology_devices(topology: Topology) -> list:
   """Compile-only devices of the slice(s), from libtpu (no TPU needed)."""
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # do not fight other JAX processes for the lock
+  _quiet_libtpu(topology)
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   host_bounds = (2, 2, 1) if topology.chips_per_slice >= 4 else tuple(map(int, (topology.shape + "x1").split("x")))
   try:
@@ -283,7 +302,10 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
     raise ValueError(f"unknown programs {sorted(set(programs) - set(PROGRAMS))}; known: {PROGRAMS}")
   topo = parse_topology(topology)
   cfg = cfg if isinstance(cfg, schema.RunConfig) else schema.from_config(cfg)
-  model, placement = _model(cfg, num_layers), _placement(cfg, topology_devices(topo))
+  say(f"compile check for {topo.name}: {topo.num_chips} {topo.chip.name} chips, {', '.join(programs)}; each program "
+      "takes seconds (a tiny model) to minutes (billions of parameters) to compile on a CPU host")
+  devices = topology_devices(topo)
+  model, placement = _model(cfg, num_layers), _placement(cfg, devices)
   loop, T, M = cfg.loop, seq_len or seq_len_of(cfg), cfg.trainer.micro_batches
   layout = {"batch_prompts": loop.batch_prompts, "group_size": loop.group_size, "seq_len": T, "micro_batches": M,
             "trainer_mesh": dict(placement.trainer.mesh.shape), "sampler_mesh": dict(placement.sampler.mesh.shape),
@@ -296,16 +318,23 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
     notes.append(f"a micro-batch of {sequences} sequences does not divide over the {shards} devices of the "
                  "trainer's batch axis: loop.setup refuses this layout")
 
-  def report(name, mem):
-    results[name] = mem
-    print(f"{name}: {mem.seconds:.0f} s, {mem.total / GIB:.2f} GiB per device {mem.error}", file=sys.stderr, flush=True)
+  order = [name for name in PROGRAMS if name in programs]
+  hbm = int(hbm_bytes or topo.chip.hbm_bytes)
+
+  def report(name, compile_it):
+    with _heartbeat(f"compiling {name} ({order.index(name) + 1}/{len(order)})"):
+      results[name] = mem = compile_it()
+    outcome = (f"did not fit: asks {mem.total / GIB:.1f} GiB per chip" if mem.error and mem.total else
+               f"did not compile: {mem.error[:200]}" if mem.error else
+               f"{mem.total / GIB:.2f} GiB per chip ({100 * mem.total / hbm:.1f}% of HBM)")
+    say(f"  {name}: done in {mem.seconds:.0f} s, {outcome}")
 
   if "train_step" in programs:
     def build_train_step():
       train_cfg = assemble.train_config(cfg)
       step = trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts)
       return step, train_inputs(train_cfg, model, placement.trainer, loop.batch_prompts, loop.group_size, T)
-    report("train_step", compile_memory(build_train_step, compiler_options=compiler_options))
+    report("train_step", lambda: compile_memory(build_train_step, compiler_options=compiler_options))
   sampler_programs = [name for name in PROGRAMS[1:] if name in programs]
   if sampler_programs:
     try:
@@ -313,15 +342,41 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       jitted = {"prefill": sampler._prefill, "insert": sampler._insert, "decode": sampler._decode}
       inputs = sampler_inputs(sampler, prefill_rows=core.pow2(-(-sampler.num_slots // loop.group_size)))
       for name in sampler_programs:
-        report(name, compile_memory(lambda name=name: (jitted[name], inputs[name]), sampler.layout.context(),
-                                    compiler_options))
+        report(name, lambda name=name: compile_memory(lambda: (jitted[name], inputs[name]), sampler.layout.context(),
+                                                      compiler_options))
     except Exception as e:  # noqa: BLE001 - e.g. a cache axis the sampler mesh cannot split
       for name in sampler_programs:
-        report(name, Memory(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]))
+        if name not in results:
+          report(name, lambda: Memory(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]))
   flops, n_trainer = train_flops(model.config, loop.batch_prompts * loop.group_size, T), placement.trainer.mesh.size
-  return Report(topology, topo.chip.name, int(hbm_bytes or topo.chip.hbm_bytes), topo.num_chips, n_trainer,
+  return Report(topology, topo.chip.name, hbm, topo.num_chips, n_trainer,
                 placement.shared, layout, results, flops, mfu,
                 flops["model"] / (n_trainer * topo.chip.peak_bf16_flops * mfu), notes)
+
+
+# ------------------------------------------------------------------------------ progress
+def say(line: str) -> None:
+  """A progress line on stderr (the report itself goes to stdout)."""
+  print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _heartbeat(what: str, every_s: float = 60.0):
+  """Says `what ...` now and `what: still running, N s` every `every_s` until the block ends: a compile of a
+  4B model at 16K tokens runs for minutes with nothing else to show."""
+  say(f"{what} ...")
+  start, done = time.perf_counter(), threading.Event()
+
+  def beat():
+    while not done.wait(every_s):
+      say(f"{what}: still running, {time.perf_counter() - start:.0f} s")
+  thread = threading.Thread(target=beat, daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
 
 
 # ------------------------------------------------------------------------------ report

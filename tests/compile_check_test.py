@@ -156,6 +156,25 @@ def test_tiny_hbm_is_reported_as_a_misfit_and_the_cli_exits_nonzero():
   assert "DOES NOT FIT v5e-8: prefill" in out.stderr
 
 
+def test_the_cli_says_what_it_compiles_as_it_goes_and_libtpu_stays_quiet():
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}  # as a fresh shell has them
+  cmd = [sys.executable, "-m", "oapl_jax.apps.compile_check", "--config", "configs/arithmetic.py", "--topology", "v5e-8",
+         "--programs=prefill,insert"]
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**env, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stdout + out.stderr
+  lines = out.stderr.splitlines()
+  starts = [i for i, line in enumerate(lines) if line.startswith("compiling ")]
+  assert [lines[i] for i in starts] == ["compiling prefill (1/2) ...", "compiling insert (2/2) ..."]
+  assert lines[starts[0] + 1].startswith("  prefill: done in ") and "GiB per chip" in lines[starts[0] + 1]
+  assert "unexpected worker hostname" not in out.stderr and "could not determine TPU" not in out.stderr
+
+
+@pytest.mark.parametrize("name, accelerator", [("v5p-64", "v5p-64"), ("v5e-16", "v5litepod-16"), ("v6e-8", "v6e-8"),
+                                                ("2xv5e-256", "v5litepod-256"), ("v5p:4x4x8", "v5p-256")])
+def test_accelerator_type_is_the_tpu_vms_name_for_one_slice(name, accelerator):
+  assert cc.accelerator_type(cc.parse_topology(name)) == accelerator
+
+
 def test_a_program_too_big_for_hbm_reports_what_the_compiler_asked_for():
   devices = cc.topology_devices(cc.parse_topology("v5e-4"))
   mesh = Mesh(np.asarray(devices), ("x",))
