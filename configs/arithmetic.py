@@ -14,6 +14,9 @@ from ml_collections import ConfigDict
 
 from oapl_jax import config_base
 
+SWEEP_STEPS = 60  # T: trainer steps of every point of the example sweep, whatever its lag
+SWEEP_LAGS = (1, 5, 20, 60)  # L: num_syncs = T / L windows
+
 
 def get_config(arg: str = "") -> ConfigDict:
   c = config_base.base_config()
@@ -45,15 +48,17 @@ def get_config(arg: str = "") -> ConfigDict:
     c.warmstart.steps = 2
     c.loop.update(sync_every=2, num_syncs=1, batch_prompts=8, prompts_per_rollout=8, group_size=4, steps_per_rollout=1)
     c.eval.num_prompts = 4
-  if "sweep" in parts:  # one point of get_hyper's 9 in about a minute of CPU: shorter warm start, 4 windows
-    c.warmstart.steps = 300
-    c.loop.num_syncs = 4
-    c.task.num_held_out = 64
-    c.eval.num_prompts = 64
+  if "sweep" in parts:  # get_hyper's points: T trainer steps of a fresh chunk of 8 prompts x 8 each, at any lag
+    c.loop.update(sync_every=SWEEP_STEPS, num_syncs=1, batch_prompts=8, prompts_per_rollout=8, steps_per_rollout=1,
+                  eval_every_syncs=1_000_000)  # the snapshot eval at step 0 and the end; the policy's every 10 steps
+    c.eval.every_steps = 10
+    c.checkpoint.every_syncs = 1_000_000  # a point saves at its end only (L = 1 would save every step)
   return c
 
 
 def get_hyper(h):
-  """A sweep over the two betas and the lag (big_vision-style)."""
-  return h.product([h.sweep("config.trainer.loss_settings.oapl.beta2", [0.25, 0.5, 1.0]),
-                    h.sweep("config.loop.sync_every", [5, 10, 20])])
+  """The example sweep (use with :sweep): the lag L at an equal T = SWEEP_STEPS trainer steps (num_syncs = T / L),
+  two RL seeds per lag, every point loading one shared warm start (apps/sweep.py makes it once)."""
+  lags = h.zip([h.sweep("config.loop.sync_every", list(SWEEP_LAGS)),
+                h.sweep("config.loop.num_syncs", [SWEEP_STEPS // lag for lag in SWEEP_LAGS])])
+  return h.product([lags, h.sweep("config.seed", [0, 1])])

@@ -1,14 +1,17 @@
-"""oapl_jax.sweep: get_hyper expansion, run names, commands, and a real two-run sweep of the arithmetic
-smoke config (its table against each run's own files, and that a second invocation runs nothing)."""
+"""oapl_jax.sweep: get_hyper expansion (the example sweep's lags at equal trainer steps), run names, commands, the
+shared warm start (made once, loaded by every point), and a real two-run sweep of the arithmetic smoke config (its
+table against each run's own files, and that a second invocation runs nothing)."""
 import csv
 import json
 import os
 import shlex
+import subprocess
 import sys
 
 import pytest
 
-from oapl_jax.apps import sweep
+from oapl_jax.apps import sweep, sweep_warmstart
+from oapl_jax.run import files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +22,7 @@ from configs import arithmetic
 def get_config(arg=""):
   c = arithmetic.get_config("smoke")
   c.model.overrides.update(hidden_size=32, intermediate_size=64, num_layers=1, head_dim=8)
-  c.warmstart.steps = 0
+  c.warmstart.update(steps=3, batch_size=8)
   c.eval.update(num_prompts=4, samples=2, ks=(1, 2))
   c.sampler.num_slots = 16
   return c
@@ -70,38 +73,99 @@ def test_plan_checks_fields_and_builds_commands(tmp_path):
   config.write_text(TINY_CONFIG.replace('"config.seed", 1', '"config.seed", 1.5'))
   with pytest.raises(ValueError, match=r"config.seed=1.5 does not fit the field"):
     sweep.plan(f"{config}", str(tmp_path / "w"))
-  runs = sweep.plan("configs/arithmetic.py", str(tmp_path / "w"))
-  assert len(runs) == 9 and len({r.workdir for r in runs}) == 9
+  config.write_text(TINY_CONFIG.replace('"config.seed", 1', '"config.trainer.optim.b1", 0.9'))
+  runs = sweep.plan(f"{config}", str(tmp_path / "w"))  # floats written as repr() parses them back
+  assert [r.flags()[:2] for r in runs] == [["--config.trainer.optim.lr=0.0001", "--config.trainer.optim.b1=0.9"],
+                                           ["--config.trainer.optim.lr=0.0003", "--config.trainer.optim.b1=0.9"]]
+  runs = sweep.plan("configs/arithmetic.py", str(tmp_path / "w"), share_warmstart=False)
+  assert len(runs) == 8 and len({r.workdir for r in runs}) == 8
   command = sweep.launcher_command("launch/slurm.sh", ["--nodes", "2", "--job-name", "oapl-{index}-{run}"],
                                    "configs/arithmetic.py", runs[4], 4, ["--config.loop.num_syncs=2"])
-  key, value = next(iter(runs[4].overrides.items()))  # a float: written as repr() parses it back
   assert command[:5] == ["launch/slurm.sh", "--nodes", "2", "--job-name", f"oapl-4-{runs[4].name}"]
   assert command[5:10] == ["--config", "configs/arithmetic.py", "--workdir", runs[4].workdir, "--"]
-  assert command[-1] == "--config.loop.num_syncs=2" and f"--{key}={value!r}" in command
+  assert command[10:] == ["--config.loop.sync_every=20", "--config.loop.num_syncs=3", "--config.seed=0",
+                          "--config.loop.num_syncs=2"]
 
 
-def test_report_takes_final_from_the_summary_and_best_from_the_history(tmp_path):
+def test_example_sweep_moves_the_lag_at_equal_trainer_steps_from_one_warm_start(tmp_path):
+  runs = sweep.plan("configs/arithmetic.py:sweep", str(tmp_path))
+  warm = os.path.join(str(tmp_path), "warmstart")
+  seen = set()
+  for run in runs:
+    config = files.load("configs/arithmetic.py:sweep", [f for f in run.flags()])
+    seen.add((config.loop.sync_every, config.loop.num_syncs, config.seed))
+    assert config.loop.steps_per_rollout == 1 and config.loop.prompts_per_rollout == config.loop.batch_prompts
+    assert config.model.checkpoint == warm and config.warmstart.steps == 0  # loads the shared start
+  # T = 60 trainer steps at every lag; two seeds each (one fresh chunk of 8 prompts x 8 per step at any L)
+  assert seen == {(lag, 60 // lag, seed) for lag in (1, 5, 20, 60) for seed in (0, 1)}
+  base = files.load("configs/arithmetic.py:sweep")
+  assert base.warmstart.steps == 1000 and base.eval.every_steps == 10  # the demo's warm start; a lag-free eval grid
+
+
+def test_points_that_change_the_warm_start_make_their_own(tmp_path):
+  config = tmp_path / "cfg.py"
+  config.write_text(TINY_CONFIG)
+  assert all(r.warmstart == str(tmp_path / "w" / "warmstart") for r in sweep.plan(f"{config}", str(tmp_path / "w")))
+  assert not any(r.warmstart for r in sweep.plan(f"{config}", str(tmp_path / "w"), share_warmstart=False))
+  assert not any(r.warmstart for r in sweep.plan(f"{config}", str(tmp_path / "w"), ["--config.warmstart.steps=0"]))
+  for key, value in (("config.warmstart.steps", 5), ("config.model.overrides.num_layers", 2),
+                     ("config.task.teacher_slip_rate", 0.5)):
+    config.write_text(TINY_CONFIG.replace('"config.seed", 1', f'"{key}", {value}'))
+    assert not any(r.warmstart for r in sweep.plan(f"{config}", str(tmp_path / "w"))), key
+    assert sweep_warmstart.unshared_reason(files.load(f"{config}"), [{key: value}]) == \
+        f"a point sets {key}, which the warm start reads"
+
+
+def test_warm_start_is_made_once_and_a_changed_one_refused(tmp_path, monkeypatch, capsys):
+  config = tmp_path / "cfg.py"
+  config.write_text(TINY_CONFIG)
+  made = []
+
+  def fake_build(command, **kwargs):  # stands in for the subprocess; the slow test below runs the real one
+    made.append(command)
+    with open(os.path.join(tmp_path, "w", "warmstart", "config.json"), "w") as f:
+      f.write("{}")
+    return subprocess.CompletedProcess(command, 0)
+  monkeypatch.setattr(sweep_warmstart.subprocess, "run", fake_build)
+  first = sweep_warmstart.ensure(f"{config}", str(tmp_path / "w"), [])
+  again = sweep_warmstart.ensure(f"{config}", str(tmp_path / "w"), [])
+  assert len(made) == 1 and first == again
+  assert made[0][1:] == ["-m", "oapl_jax.apps.sweep_warmstart", f"--config={config}", f"--workdir={tmp_path / 'w'}"]
+  assert first["fields"]["warmstart"]["steps"] == 3 and first["fields"]["seed"] == 0
+  assert "reused" in capsys.readouterr().out
+  with pytest.raises(ValueError, match="made from other warmstart/model/task/seed fields"):
+    sweep_warmstart.ensure(f"{config}", str(tmp_path / "w"), ["--config.warmstart.steps=4"])
+  assert len(made) == 1
+
+
+def test_report_has_start_final_delta_and_best_of_any_eval(tmp_path):
   from oapl_jax import reporting
-  runs = sweep.plan("configs/arithmetic.py", str(tmp_path))[:3]
+  runs = sweep.plan("configs/arithmetic.py", str(tmp_path))[1:4]
   curves = {runs[0].name: [0.1, 0.6, 0.4], runs[1].name: [0.2, 0.3, 0.5]}  # runs[2]: never started
   for run in runs[:2]:
     reporter = reporting.Reporter(run.workdir, total_steps=20)
     for step, value in zip((0, 10, 20), curves[run.name]):
       reporter.scalars(step, {"eval/held_out/pass@1": value, "eval/held_out/pass@4": value + 0.2})
+    if run is runs[0]:  # the policy's own eval on the step grid: it counts for "best", not for start or final
+      reporter.scalars(10, {"policy_eval/held_out/pass@1": 0.7})
+    start = {"eval/held_out/pass@1 (start)": 0.1} if run is runs[0] else {}  # else: the first eval in the history
     reporter.finish({"trainer_steps": 20, "finished": True, "eval/held_out/pass@1 (end)": curves[run.name][-1],
-                     "eval/held_out/pass@4 (end)": curves[run.name][-1] + 0.2})
+                     "eval/held_out/pass@4 (end)": curves[run.name][-1] + 0.2, **start})
     reporter.close()
   records = {runs[0].name: {"wall_seconds": 12.34, "starts": 2, "status": "finished"}}
-  paths = sweep.write_report(str(tmp_path), runs, records)
+  paths = sweep.write_report(str(tmp_path), runs, records, notes=["Every run loads one warm start."])
   rows = {r["run"]: r for r in _csv(paths["csv"])}
   first, second = rows[runs[0].name], rows[runs[1].name]
-  assert [float(first[c]) for c in ("held_out/pass@1 final", "held_out/pass@1 best", "held_out/pass@4 best",
-                                    "wall_seconds", "beta2", "sync_every")] == pytest.approx([0.4, 0.6, 0.8, 12.3, 0.25, 5])
-  assert [float(second[c]) for c in ("held_out/pass@1 final", "held_out/pass@1 best")] == pytest.approx([0.5, 0.5])
+  columns = ("held_out/pass@1 start", "held_out/pass@1 final", "held_out/pass@1 delta", "held_out/pass@1 best",
+             "held_out/pass@4 best", "wall_seconds", "sync_every", "num_syncs", "seed")
+  assert [float(first[c]) for c in columns] == pytest.approx([0.1, 0.4, 0.3, 0.7, 0.8, 12.3, 1, 60, 1])
+  assert [float(second[c]) for c in columns[:4]] == pytest.approx([0.2, 0.5, 0.3, 0.5])
   assert first["status"] == "finished" and second["wall_seconds"] == "nan"  # no record: not run by the sweep
   assert rows[runs[2].name]["status"] == "not started" and rows[runs[2].name]["held_out/pass@1 final"] == ""
   markdown = open(paths["markdown"]).read().splitlines()
-  assert markdown[2].startswith("| run | beta2 | sync_every | status |") and len(markdown) == 4 + 3
+  assert markdown[2] == "Every run loads one warm start." and len(markdown) == 6 + 3
+  assert markdown[4].startswith("| run | sync_every | num_syncs | seed | status | held_out/pass@1 start | "
+                                "held_out/pass@1 final | held_out/pass@1 delta | held_out/pass@1 best |")
   assert os.path.getsize(paths["curves"]) > 10_000
 
 
@@ -111,9 +175,9 @@ def test_launcher_submits_each_run_through_a_launch_script(tmp_path, capfd, monk
           "--launcher_args=--dry-run --nodes 1 --job-name oapl-{index}", "--", "--config.loop.num_syncs=2"]
   assert sweep.main(args) == 0
   out = capfd.readouterr().out
-  runs = sweep.plan("configs/arithmetic.py", str(tmp_path))
+  runs = sweep.plan("configs/arithmetic.py", str(tmp_path), share_warmstart=False)
   srun = [line for line in out.splitlines() if line.startswith("srun ")]  # slurm.sh's own dry run, per run
-  assert len(srun) == 9
+  assert len(srun) == 8 and "warmstart" not in out  # through a launcher every run makes its own warm start
   for index, (run, line) in enumerate(zip(runs, srun)):  # in the sweep's order
     words = shlex.split(line)
     assert words[words.index("--workdir") + 1] == run.workdir
@@ -175,7 +239,10 @@ def test_tiny_sweep_runs_reports_and_skips_finished_runs(tmp_path, monkeypatch, 
 
 
 def test_print_commands_are_runnable_lines(tmp_path, capsys):
-  assert sweep.main(["--config", "configs/arithmetic.py", "--workdir", str(tmp_path), "--print_commands"]) == 0
-  lines = [shlex.split(line) for line in capsys.readouterr().out.splitlines() if "oapl_jax.main" in line]
-  assert len(lines) == 9 and all(line[:3] == [sys.executable, "-m", "oapl_jax.main"] for line in lines)
+  assert sweep.main(["--config", "configs/arithmetic.py:sweep", "--workdir", str(tmp_path), "--print_commands"]) == 0
+  lines = [shlex.split(line) for line in capsys.readouterr().out.splitlines() if line.startswith(sys.executable)]
+  assert lines[0] == [sys.executable, "-m", "oapl_jax.apps.sweep_warmstart", "--config=configs/arithmetic.py:sweep",
+                      f"--workdir={tmp_path}"]  # the shared warm start first, then the runs that load it
+  assert len(lines) == 9 and all(line[:3] == [sys.executable, "-m", "oapl_jax.main"] for line in lines[1:])
+  assert all(f"--config.model.checkpoint={tmp_path}/warmstart" in line for line in lines[1:])
   assert not os.listdir(tmp_path)  # printing creates nothing

@@ -15,6 +15,11 @@ with keys like "config.loop.sync_every". Each point runs as
 where NAME spells the point's overrides (`run_names`). A point whose summary.json says it
 finished is skipped; any other is started, and the loop resumes it from its last checkpoint.
 At the end (local runs and --collect): WORKDIR/results.{csv,md} and WORKDIR/curves.png (`write_report`).
+
+One warm start for every point (local runs, on unless --no_shared_warmstart): when the config has a warm start
+and no point sets a warmstart.*, model.* or task.* field, the warm start is made once, at the base config's seed,
+into WORKDIR/warmstart (an HF directory, as experiments/ share theirs), and every point loads it:
+--config.model.checkpoint=WORKDIR/warmstart --config.warmstart.steps=0. A swept seed then varies the RL only.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from oapl_jax.apps import cli
+from oapl_jax.apps import cli, sweep_warmstart
 from oapl_jax.run import files
 
 RUN_RECORD = "sweep_run.json"  # per run directory: status, return code, wall seconds summed over starts
@@ -87,9 +92,11 @@ class PlannedRun:
   name: str
   workdir: str
   overrides: dict  # "config.a.b" -> value
+  warmstart: str = ""  # the shared warm start it loads ('' = its own)
 
   def flags(self) -> list[str]:
-    return [f"--{key}={flag_value(value)}" for key, value in self.overrides.items()]
+    loads = {"config.model.checkpoint": self.warmstart, "config.warmstart.steps": 0} if self.warmstart else {}
+    return [f"--{key}={flag_value(value)}" for key, value in {**self.overrides, **loads}.items()]
 
 
 def _check_fields(config, overrides: dict, config_spec: str) -> None:
@@ -102,8 +109,9 @@ def _check_fields(config, overrides: dict, config_spec: str) -> None:
       raise ValueError(f"get_hyper of {config_spec}: {e}") from None
 
 
-def plan(config_spec: str, workdir: str) -> list[PlannedRun]:
-  """Expands the config file's get_hyper into runs (fields checked against get_config(arg))."""
+def plan(config_spec: str, workdir: str, extra: Sequence[str] = (), share_warmstart: bool = True) -> list[PlannedRun]:
+  """Expands the config file's get_hyper into runs (fields checked against get_config(arg)); with
+  share_warmstart, every run loads WORKDIR/warmstart where `unshared_reason` finds nothing against it."""
   module, arg = files.load_module(config_spec)
   if not hasattr(module, "get_hyper"):
     raise ValueError(f"{config_spec}: the config file defines no get_hyper(h); nothing to sweep")
@@ -113,7 +121,10 @@ def plan(config_spec: str, workdir: str) -> list[PlannedRun]:
   config = module.get_config(arg) if arg else module.get_config()
   for point in points:
     _check_fields(config, point, config_spec)
-  return [PlannedRun(name, os.path.join(workdir, name), point) for name, point in zip(run_names(points), points)]
+  shared = share_warmstart and not sweep_warmstart.unshared_reason(files.load(config_spec, list(extra)), points)
+  warm_dir = os.path.abspath(sweep_warmstart.directory(workdir)) if shared else ""
+  return [PlannedRun(name, os.path.join(workdir, name), point, warm_dir)
+          for name, point in zip(run_names(points), points)]
 
 
 def main_command(config_spec: str, run: PlannedRun, extra: Sequence[str]) -> list[str]:
@@ -147,11 +158,10 @@ def _read_record(workdir: str) -> dict:
     return json.load(f)
 
 
-def _write_record(workdir: str, record: dict) -> None:
-  tmp = os.path.join(workdir, RUN_RECORD + ".tmp")
-  with open(tmp, "w") as f:
+def _write_json(path: str, record: dict) -> None:
+  with open(path + ".tmp", "w") as f:
     json.dump(record, f, indent=2)
-  os.replace(tmp, os.path.join(workdir, RUN_RECORD))
+  os.replace(path + ".tmp", path)
 
 
 def run_locally(config_spec: str, runs: Sequence[PlannedRun], parallel: int, extra: Sequence[str]) -> dict:
@@ -185,7 +195,7 @@ def run_locally(config_spec: str, runs: Sequence[PlannedRun], parallel: int, ext
       status = "finished" if finished else f"{'failed' if process.returncode else 'unfinished'} (rc {process.returncode})"
       record.update(status=status, returncode=process.returncode, starts=record["starts"] + 1,
                     wall_seconds=record["wall_seconds"] + time.time() - start)
-      _write_record(run.workdir, record)
+      _write_json(os.path.join(run.workdir, RUN_RECORD), record)
       outcome[run.name] = status
       print(f"[sweep] {run.name}: {status} after {time.time() - start:.0f}s", flush=True)
   return outcome
@@ -254,20 +264,22 @@ def read_history(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def _pass_keys(history: list[dict]) -> list[str]:
-  return sorted({k for h in history for k in h if k.startswith("eval/") and "/pass@" in k})
+def _pass_keys(history: list[dict], prefix: str = "eval/") -> list[str]:
+  return sorted({k for h in history for k in h if k.startswith(prefix) and "/pass@" in k})
 
 
 def result_row(run: PlannedRun, short: dict, record: dict) -> dict:
-  """The swept values, status, final and best of every eval pass@k, trainer steps and wall time."""
+  """The swept values, status, every eval pass@k at the start (step 0) and the end, their delta and the best
+  of any eval of it (the snapshot's or the policy's, policy_eval/), trainer steps and wall time."""
   summary, history = read_summary(run.workdir) or {}, read_history(run.workdir)
   row = {"run": run.name, **{short[k]: v for k, v in run.overrides.items()},
          "status": "finished" if is_finished(run.workdir) else record.get("status", "not started")}
   for key in _pass_keys(history):
     values = [h[key] for h in history if key in h]
     name = key[len("eval/"):]
-    row[f"{name} final"] = summary.get(f"{key} (end)", values[-1])
-    row[f"{name} best"] = max(values)
+    start, final = summary.get(f"{key} (start)", values[0]), summary.get(f"{key} (end)", values[-1])
+    row.update({f"{name} start": start, f"{name} final": final, f"{name} delta": final - start,
+                f"{name} best": max(values + [h[f"policy_eval/{name}"] for h in history if f"policy_eval/{name}" in h])})
   row["trainer_steps"] = summary.get("trainer_steps", max((h["step"] for h in history), default=0))
   row["wall_seconds"] = round(record["wall_seconds"], 1) if record.get("starts") else float("nan")
   return row
@@ -279,8 +291,9 @@ def _cell(value) -> str:
   return str(value)
 
 
-def write_report(workdir: str, runs: Sequence[PlannedRun], records: dict) -> dict[str, str]:
-  """results.csv, results.md and curves.png (eval pass@1 per eval set against trainer step, one line per run)."""
+def write_report(workdir: str, runs: Sequence[PlannedRun], records: dict, notes: Sequence[str] = ()) -> dict[str, str]:
+  """results.csv, results.md (with `notes` under its title) and curves.png (pass@1 per eval set against trainer
+  step, one line per run)."""
   os.makedirs(workdir, exist_ok=True)
   short = _short_keys(list(dict.fromkeys(k for r in runs for k in r.overrides)))
   rows = [result_row(r, short, records.get(r.name, {})) for r in runs]
@@ -292,7 +305,7 @@ def write_report(workdir: str, runs: Sequence[PlannedRun], records: dict) -> dic
     writer.writeheader()
     writer.writerows(rows)
   with open(paths["markdown"], "w") as f:
-    f.write(f"# Sweep results ({len(rows)} runs)\n\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n")
+    f.write(f"# Sweep results ({len(rows)} runs)\n\n" + "".join(f"{n}\n\n" for n in notes) + "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n")
     for row in rows:
       f.write("| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |\n")
   _plot_curves(paths["curves"], runs)
@@ -304,10 +317,11 @@ def _plot_curves(path: str, runs: Sequence[PlannedRun]) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   histories = {r.name: read_history(r.workdir) for r in runs}
-  keys = _pass_keys([h for hist in histories.values() for h in hist])
+  everything = [h for hist in histories.values() for h in hist]
+  prefix = "policy_eval/" if _pass_keys(everything, "policy_eval/") else "eval/"  # its step grid ignores the lag
   by_set = {}  # eval set -> its smallest-k pass key
-  for key in keys:
-    name = key[len("eval/"):].rpartition("/pass@")[0]
+  for key in _pass_keys(everything, prefix):
+    name = key[len(prefix):].rpartition("/pass@")[0]
     by_set[name] = min(by_set.get(name, key), key, key=lambda s: int(s.rpartition("@")[2]))
   sets = sorted(by_set) or ["(no eval yet)"]
   fig, axes = plt.subplots(1, len(sets), figsize=(7 * len(sets), 4.5), squeeze=False)
@@ -317,7 +331,7 @@ def _plot_curves(path: str, runs: Sequence[PlannedRun]) -> None:
       if rows:
         ax.plot(*zip(*rows), marker="o", label=run.name)
     metric = by_set.get(name, "pass@1").rpartition("/")[2]
-    ax.set(title=f"{name}: {metric} (eval sampling)", xlabel="trainer step", ylabel=metric, ylim=(-0.02, 1.02))
+    ax.set(title=f"{name}: {metric} of the {'policy' if prefix == 'policy_eval/' else 'snapshot'} (eval sampling)", xlabel="trainer step", ylabel=metric, ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -335,6 +349,8 @@ def _parse(argv: Sequence[str]):
   p.add_argument("--launcher", help="a launch/*.sh script: submit each run through it")
   p.add_argument("--launcher_args", default="", help="the launcher's own flags, one string ({run}, {index})")
   p.add_argument("--collect", action="store_true", help="only write the table and plot from the run dirs")
+  p.add_argument("--no_shared_warmstart", action="store_true",
+                 help="every run makes its own warm start (always so with --launcher)")
   args, rest = p.parse_known_args(argv)
   if args.parallel < 1:
     p.error(f"--parallel must be >= 1, got {args.parallel}")
@@ -345,9 +361,14 @@ def _parse(argv: Sequence[str]):
 
 def main(argv: Sequence[str] | None = None) -> int:
   args, extra = _parse(sys.argv[1:] if argv is None else argv)
-  runs = plan(args.config, args.workdir)
-  print(f"[sweep] {len(runs)} runs from {args.config} under {args.workdir}", flush=True)
+  began = time.time()
+  runs = plan(args.config, args.workdir, extra, share_warmstart=not (args.no_shared_warmstart or args.launcher))
+  shared = f"one warm start for all, {runs[0].warmstart}" if runs[0].warmstart else "each run its own warm start"
+  print(f"[sweep] {len(runs)} runs from {args.config} under {args.workdir} ({shared})", flush=True)
+  warm_built = os.path.exists(os.path.join(sweep_warmstart.directory(args.workdir), sweep_warmstart.RECORD))
   if args.print_commands or args.launcher:
+    if runs[0].warmstart and not warm_built:
+      print(shlex.join(sweep_warmstart.command(args.config, args.workdir, extra)), flush=True)
     for index, run in enumerate(runs):
       if is_finished(run.workdir):
         print(f"# {run.name}: finished, skipped", flush=True)
@@ -359,8 +380,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[sweep] the launcher failed for {run.name}; runs after it were not submitted", flush=True)
         return 1
     return 0
+  notes = []
+  if runs[0].warmstart and (warm_built or not args.collect):
+    warm = sweep_warmstart.ensure(args.config, args.workdir, extra)
+    notes.append(f"Every run loads one warm start ({sweep_warmstart.DIRECTORY}/, made once in {warm['wall_seconds']:.0f}s).")
   outcome = {} if args.collect else run_locally(args.config, runs, args.parallel, extra)
-  paths = write_report(args.workdir, runs, {r.name: _read_record(r.workdir) for r in runs})
+  if not args.collect:
+    notes.append(f"Wall time of this invocation: {(time.time() - began) / 60:.1f} min, {args.parallel} run(s) at a "
+                 f"time (wall_seconds: each run's own).")
+  paths = write_report(args.workdir, runs, {r.name: _read_record(r.workdir) for r in runs}, notes)
   with open(paths["markdown"]) as f:
     print(f.read(), flush=True)
   print(f"[sweep] results: {paths['csv']}  {paths['markdown']}  curves: {paths['curves']}", flush=True)

@@ -1,0 +1,117 @@
+"""One warm start for every point of a sweep: made once into WORKDIR/warmstart, loaded by each run.
+
+  python -m oapl_jax.apps.sweep_warmstart --config configs/arithmetic.py:sweep --workdir runs/sweep [--config.X=V]
+
+The sweep app (apps/sweep.py) calls this as a subprocess when every point can share the warm start: the config
+has one (warmstart.steps > 0) and no point sets a warmstart.*, model.* or task.* field. It is made at the base
+config's seed and saved as an HF directory, the way experiments/ share theirs; a run then loads it with
+--config.model.checkpoint=WORKDIR/warmstart --config.warmstart.steps=0, so a swept seed varies the RL only.
+WORKDIR/warmstart/sweep_warmstart.json records the config fields it was made from: a later sweep in the same
+workdir with other fields is refused instead of mixing runs from two starts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from oapl_jax.apps import cli
+from oapl_jax.run import files
+
+DIRECTORY = "warmstart"  # under the sweep's workdir
+RECORD = "sweep_warmstart.json"  # in it: the fields it was made from, its wall seconds and command
+SECTIONS = ("warmstart", "model", "task")  # what a warm start reads, besides the seed
+
+
+def directory(workdir: str) -> str:
+  return os.path.join(workdir, DIRECTORY)
+
+
+def unshared_reason(config, points: Sequence[dict]) -> str:
+  """Why the points cannot load one warm start made from `config` ('' when they can)."""
+  if not config.warmstart.steps:
+    return "the config has no warm start (warmstart.steps = 0)"
+  for key in (k for p in points for k in p):
+    if key.split(".")[1] in SECTIONS:
+      return f"a point sets {key}, which the warm start reads"
+  return ""
+
+
+def fields(config) -> dict:
+  """The config fields a warm start is made from, as JSON values (what RECORD compares)."""
+  made_from = {name: config[name].to_dict() for name in SECTIONS} | {"seed": config.seed}
+  return json.loads(json.dumps(made_from, sort_keys=True, default=repr))
+
+
+def command(config_spec: str, workdir: str, extra: Sequence[str]) -> list[str]:
+  return [sys.executable, "-m", "oapl_jax.apps.sweep_warmstart", f"--config={config_spec}", f"--workdir={workdir}",
+          *extra]
+
+
+def ensure(config_spec: str, workdir: str, extra: Sequence[str]) -> dict:
+  """Makes WORKDIR/warmstart unless its record is there (a subprocess, logged to build.log); returns the record."""
+  out = directory(workdir)
+  made_from = fields(files.load(config_spec, list(extra)))
+  path = os.path.join(out, RECORD)
+  if os.path.exists(path):
+    with open(path) as f:
+      record = json.load(f)
+    if record["fields"] != made_from:
+      raise ValueError(f"{out} was made from other warmstart/model/task/seed fields than {config_spec} with "
+                       f"{list(extra)} gives; use another --workdir, or delete it and the runs that loaded it")
+    print(f"[sweep] warm start: made before ({record['wall_seconds']:.0f}s), reused from {out}", flush=True)
+    return record
+  os.makedirs(out, exist_ok=True)
+  line = command(config_spec, workdir, extra)
+  start = time.time()
+  print(f"[sweep] warm start: making it once for every run; log {out}/build.log", flush=True)
+  with open(os.path.join(out, "build.log"), "a") as log:
+    log.write(f"$ {shlex.join(line)}\n")
+    log.flush()
+    if subprocess.run(line, stdout=log, stderr=subprocess.STDOUT).returncode:
+      raise RuntimeError(f"the shared warm start failed; see {out}/build.log")
+  record = {"fields": made_from, "wall_seconds": time.time() - start, "command": shlex.join(line)}
+  with open(path + ".tmp", "w") as f:
+    json.dump(record, f, indent=2)
+  os.replace(path + ".tmp", path)
+  print(f"[sweep] warm start: made in {record['wall_seconds']:.0f}s, {out}", flush=True)
+  return record
+
+
+def build(config_spec: str, workdir: str, extra: Sequence[str]) -> None:
+  """The config's warm start, saved as an HF directory to WORKDIR/warmstart."""
+  cli.prepare_host()
+  from oapl_jax.models import hf  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble, check, schema  # pylint: disable=import-outside-toplevel
+  rc = schema.from_config(files.load(config_spec, list(extra)))
+  check.check(rc)
+  task = assemble.build_task(rc)
+  layouts = assemble.placement(rc)
+  model, params = assemble.build_model(rc, layouts.trainer)
+  seq = assemble.seq_len(rc, assemble.longest_prompt(task))
+  params = assemble.warm_start(rc, task, model, params, layouts.trainer, seq, lambda step, metrics: None)
+  tok = task.tokenizer
+  hf.save(directory(workdir), model.config, params, token_ids=hf.TokenIds(eos=tok.eos_id, pad=tok.pad_id,
+                                                                          bos=tok.bos_id))
+  task.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = cli.parser("oapl-sweep-warmstart", __doc__)
+  cli.add_config(p, required=True)
+  p.add_argument("--workdir", required=True, help="the sweep's workdir: the warm start goes to WORKDIR/warmstart")
+  args, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)
+  if bad := [a for a in rest if not a.startswith("--config.")]:
+    p.error(f"unrecognized arguments: {bad}")
+  cli.console_logging()
+  build(args.config, args.workdir, rest)
+  print(f"warm start saved to {directory(args.workdir)}")
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run(main)
