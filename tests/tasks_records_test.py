@@ -23,9 +23,10 @@ def data(tmp_path, monkeypatch):
   pq.write_table(pa.Table.from_pylist([{"prompt": "rev:xy=", "word": "xy"}]), tmp_path / "eval.parquet")
   (tmp_path / "demos.jsonl").write_text(json.dumps({"prompt": "rev:abc=", "completion": "cba"}) + "\n")
   (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
-      SEEN = []
-      def score(record, response):
-        SEEN.append((record, response))
+      import json, os
+      def score(record, response):  # runs in a worker process: what it saw goes to seen.jsonl beside it
+        with open(os.path.join(os.path.dirname(__file__), "seen.jsonl"), "a") as f:
+          f.write(json.dumps([record, response]) + "\\n")
         return float(response == record["word"][::-1])
       """))
   monkeypatch.syspath_prepend(str(tmp_path))
@@ -49,23 +50,32 @@ def _completions(task, texts):
   return out
 
 
+def _seen(data) -> list:
+  path = data / "seen.jsonl"
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def test_reward_by_import_path_sees_the_whole_record_and_the_response_without_eos(data):
-  import my_rewards  # pylint: disable=import-outside-toplevel
   task = factory.build_task(_config(data))
-  result = task.reward(_completions(task, ["cba<eos>", "olleh<eos>", "abc<eos>"]),
-                       [task.train[0], task.train[1], task.train[0]])
+  try:
+    result = task.reward(_completions(task, ["cba<eos>", "olleh<eos>", "abc<eos>"]),
+                         [task.train[0], task.train[1], task.train[0]])
+  finally:
+    task.close()
   assert result.rewards.tolist() == [1.0, 1.0, 0.0]
-  assert my_rewards.SEEN[0] == (ROWS[0], "cba")  # every field of the JSONL line, nested ones too
-  assert my_rewards.SEEN[1] == (ROWS[1], "olleh")
+  # every field of the JSONL line, nested ones too (the workers score in any order)
+  assert sorted(_seen(data), key=json.dumps) == sorted([[ROWS[0], "cba"], [ROWS[1], "olleh"], [ROWS[0], "abc"]],
+                                                       key=json.dumps)
 
 
 def test_a_response_cut_at_the_budget_scores_unfinished_reward_and_is_not_scored(data):
-  import my_rewards  # pylint: disable=import-outside-toplevel
   task = factory.build_task(_config(data, unfinished_reward=-0.5))
-  before = len(my_rewards.SEEN)
-  result = task.reward(_completions(task, ["cba", "cba<eos>"]), [task.train[0], task.train[0]])
+  try:
+    result = task.reward(_completions(task, ["cba", "cba<eos>"]), [task.train[0], task.train[0]])
+  finally:
+    task.close()
   assert result.rewards.tolist() == [-0.5, 1.0]
-  assert len(my_rewards.SEEN) == before + 1
+  assert _seen(data) == [[ROWS[0], "cba"]]
 
 
 def test_named_eval_sets_from_jsonl_and_parquet(data):

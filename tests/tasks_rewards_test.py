@@ -1,4 +1,5 @@
 """Tests for oapl_jax.tasks.rewards: exact match, guards, registry, math_verify in processes."""
+import json
 import multiprocessing
 import os
 import time
@@ -6,7 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from oapl_jax.tasks import rewards
+from oapl_jax import config_base
+from oapl_jax.tasks import factory, rewards
 
 
 # Verifiers for MathReward's worker processes: module level, so they pickle by name.
@@ -117,3 +119,52 @@ def test_math_reward_survives_a_dead_worker():
     assert (result.num_failed, result.num_timeout) == (1, 0)
   finally:
     reward.close()
+
+
+HANGING_REWARD = """
+import time
+def score(record, response):
+  if response == "hang":
+    time.sleep(30)  # as good as forever to a 1 s limit; a reward run in this process waits it out
+  return float(response == record["answer"])
+"""
+
+
+@pytest.fixture
+def hanging_reward(tmp_path, monkeypatch):
+  (tmp_path / "hang_rewards.py").write_text(HANGING_REWARD)
+  monkeypatch.syspath_prepend(str(tmp_path))  # the workers import it from the parent's sys.path
+  return "hang_rewards:score"
+
+
+def test_an_import_path_reward_that_hangs_times_out_scores_0_and_is_counted(hanging_reward):
+  """Issue 41.1: a reward reached by import path runs in workers with a per-item limit."""
+  reward = rewards.make_reward(hanging_reward, num_workers=2, timeout_s=1.0)
+  record = json.dumps({"answer": "a"})
+  try:
+    result = reward(["a", "hang", "b", "a"], [record] * 4)
+    assert result.rewards.tolist() == [1, 0, 0, 1]
+    assert (result.num_failed, result.num_timeout) == (0, 1)
+    assert reward([], []).rewards.tolist() == []
+  finally:
+    reward.close()
+  assert not multiprocessing.active_children()  # the hung worker was killed
+
+
+def test_the_probe_reports_a_reward_that_hangs_in_one_line(hanging_reward, tmp_path, caplog):
+  """A records task's probe (what --dry_run runs) returns after the limit, with one warning line."""
+  (tmp_path / "t.jsonl").write_text(json.dumps({"prompt": "p=", "answer": "a"}) + "\n")
+  (tmp_path / "demos.jsonl").write_text(json.dumps({"prompt": "p=", "completion": "hang"}) + "\n")
+  section = config_base.records_task(train_path=str(tmp_path / "t.jsonl"), eval_paths={}, reward=hanging_reward,
+                                     demonstrations_path=str(tmp_path / "demos.jsonl"))
+  section.update(reward_timeout_s=1.0, reward_workers=1)
+  task = factory.build_task(section)
+  try:  # the probe's response is the demonstration, "hang"
+    with caplog.at_level("WARNING"):
+      result = task.probe_reward()
+  finally:
+    task.close()
+  assert (result.num_failed, result.num_timeout) == (0, 1) and result.rewards.tolist() == [0]
+  [line] = caplog.records
+  assert "the reward timed out on a probe before training" in line.getMessage()
+  assert "hang_rewards:score timed out on item 0 after 1.0 s" in line.getMessage()

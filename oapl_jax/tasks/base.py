@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
@@ -110,21 +111,27 @@ class Task:
   def probe_reward(self) -> RewardResult:
     """Scores one response before any compute: a demonstration's completion (else the first problem's gold
     answer as the response) for the first training problem. A reward that fails on it raises RewardError
-    once, with the first traceback, instead of failing every item of the run later."""
+    once, with the first traceback, instead of failing every item of the run later; one that times out on it
+    is reported in one warning line (a timeout scores 0 and is counted, in the run as here)."""
     problem = self.train[0]
     tokens = self.demonstrations(0)[0].completion_tokens if self.demonstrations is not None else \
         self.tokenizer.encode(problem.answer)
     catcher = _FirstError()
     logger = logging.getLogger("oapl_jax.tasks")
     logger.addHandler(catcher)
+    propagate, logger.propagate = logger.propagate, False  # what the reward logs here, the probe reports once
     try:
       result = self.reward([tokens], [problem])
     finally:
       logger.removeHandler(catcher)
+      logger.propagate = propagate
+    where = f"(problem {problem.prompt!r}, response {self.completion_text(tokens)!r})"
     if result.num_failed:
-      raise RewardError(f"task {self.name!r}: the reward failed on a probe before training (problem "
-                        f"{problem.prompt!r}, response {self.completion_text(tokens)!r}); fix it before "
+      raise RewardError(f"task {self.name!r}: the reward failed on a probe before training {where}; fix it before "
                         f"training:\n{catcher.first or '(no traceback was logged)'}")
+    if result.num_timeout:
+      log.warning("task %r: the reward timed out on a probe before training %s (%s); in training every timeout "
+                  "scores 0 and counts in rollout/reward_failures", self.name, where, catcher.first or "timed out")
     return result
 
   def close(self) -> None:

@@ -3,7 +3,7 @@
 - Prompts: `train_path` and the named `eval_paths`, each a JSONL or Parquet file or 'tfds:NAME/SPLIT'.
 - Reward: a name in rewards.REWARDS (gold answer from `answer_key`), or an import path
   'package.module:function' to `score(record: dict, response: str) -> float`, which gets the prompt's whole
-  source record.
+  source record; it runs in worker processes, `reward_timeout_s` per item.
 - Warm start: `demonstrations_path` holds records with `prompt_key` and `completion_key`.
 - Tokenizer: "chars" (printable ASCII, one id per character, for tiny models trained from scratch) or an
   HF checkpoint directory, whose chat template wraps each prompt.
@@ -38,7 +38,9 @@ class RecordsSettings:
   `score(record, response) -> float` (it gets the prompt's whole record; else record[answer_key] is the
   answer). tokenizer: "chars" (printable ASCII, tiny models) or an HF checkpoint directory.
   demonstrations_path: records with prompt_key (the same key as the prompts) and completion_key, for the warm
-  start. unfinished_reward: what a response cut at the token budget scores with "chars"."""
+  start. reward_workers, reward_timeout_s: an import-path (or math_verify) reward runs in that many worker
+  processes, an item stopped after that many seconds (it scores 0 and counts as a reward failure).
+  unfinished_reward: what a response cut at the token budget scores with "chars"."""
   name: str = "records"
   train_path: str = ""
   eval_paths: dict = dataclasses.field(default_factory=dict)
@@ -50,6 +52,8 @@ class RecordsSettings:
   completion_key: str = "completion"
   system_prompt: str = ""
   instruction_suffix: str = ""
+  reward_workers: int = sections.rule(2, low=1)
+  reward_timeout_s: float = sections.rule(10.0, low=0, low_open=True)
   max_train: int = sections.rule(0, low=0)
   unfinished_reward: float = sections.rule(0.0, low=-1e9)
 
@@ -120,7 +124,9 @@ def from_config(cfg: RecordsSettings) -> base.Task:
 
   train = problems(cfg.train_path, "train_path", cfg.max_train)
   eval_sets = {name: problems(spec, f"eval_paths.{name}") for name, spec in dict(cfg.eval_paths).items()}
-  reward = rewards.reward_by_name(cfg.reward)
+  in_workers = record_reward or cfg.reward == "math_verify"
+  reward = rewards.reward_by_name(cfg.reward, **(dict(num_workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s)
+                                                 if in_workers else {}))
   if isinstance(tokenizer, PrintableTokenizer):
     reward = rewards.FinishedOnly(reward, char_tokenizer.EOS, cfg.unfinished_reward)
 

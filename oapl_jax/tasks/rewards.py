@@ -1,9 +1,10 @@
 """Reward functions, all with one signature: (completions, answers) -> RewardResult.
 
-None of them may crash the caller: `Guarded` turns any exception into reward 0 with a failure
-count, `ItemReward` does the same per item, and `MathReward` runs math_verify in worker
-processes with a per-item timeout. `make_reward(name)` builds a guarded one from `REWARDS`, or from
-an import path 'package.module:function' to a user's `score(record, response) -> float` (`RecordReward`).
+None of them may crash or hang the caller: `Guarded` turns any exception into reward 0 with a failure
+count, `ItemReward` does the same per item, and `WorkerReward` runs a per-item score in worker processes
+with a per-item timeout: math_verify (`MathReward`) and every user's `score(record, response) -> float`
+reached by import path 'package.module:function' (`RecordReward`). `make_reward(name)` builds a guarded
+one from `REWARDS` or an import path.
 """
 from __future__ import annotations
 
@@ -129,42 +130,48 @@ class Guarded:
       close()
 
 
-def _ready(verify_fn: ScoreFn) -> None:
-  """Run once per fresh worker: unpickling verify_fn imports its module there."""
-  del verify_fn
+def _ready(score_fn: ScoreFn, warmup: Callable[[], object] | None) -> None:
+  """Run once per fresh worker: unpickling score_fn imports its module there; warmup imports the rest."""
+  del score_fn
+  if warmup is not None:
+    warmup()
 
 
-class MathReward:
-  """math_verify equivalence in worker processes, one item per task, `timeout_s` each.
+def _remote_traceback(e: BaseException) -> str:
+  """The worker's traceback of an exception a process pool re-raised here ('' for one raised here)."""
+  return str(getattr(e.__cause__, "tb", "")).strip().strip('"').strip()
 
-  math_verify times itself out with SIGALRM, which works only in a process's main thread,
-  so it runs in a ProcessPoolExecutor (spawned workers), never in threads. An item that
-  raises scores 0 (num_failed); one that runs past timeout_s scores 0 (num_timeout) and the
-  pool is killed and restarted, re-running the items that were in flight beside it.
-  `verify_fn(completion, answer) -> float` must be picklable (module level).
+
+class WorkerReward:
+  """A per-item `score_fn(completion, answer) -> float` in worker processes, one item per task, `timeout_s` each.
+
+  Worker processes, not threads: a score that blocks in C or sleeps can only be stopped by killing its
+  process (and math_verify's SIGALRM works only in a main thread). An item that raises or is not a finite
+  number scores 0 (num_failed); one that runs past timeout_s scores 0 (num_timeout) and the pool is killed
+  and restarted, re-running the items that were in flight beside it. `score_fn` must pickle (module level or
+  a functools.partial of one); `warmup()` runs once in each fresh worker, before any item's clock starts.
   """
 
-  def __init__(self, num_workers: int = 2, timeout_s: float = 5.0,
-               verify_fn: ScoreFn | None = None, mp_context: str = "spawn",
+  def __init__(self, score_fn: ScoreFn, num_workers: int = 2, timeout_s: float = 10.0, name: str = "",
+               warmup: Callable[[], object] | None = None, mp_context: str = "spawn",
                startup_timeout_s: float = 120.0):
-    if verify_fn is None:
-      from oapl_jax.tasks import math_verifier  # pylint: disable=import-outside-toplevel
-      # math_verify's own (soft) timeouts: three calls, all inside our hard one.
-      verify_fn = functools.partial(math_verifier.score, timeout_s=max(1, int(timeout_s / 3)))
-    self.verify_fn = verify_fn
+    self.score_fn, self.warmup, self.name = score_fn, warmup, name or repr(score_fn)
     self.num_workers = num_workers
     self.timeout_s = timeout_s
     self.mp_context = mp_context
     self.startup_timeout_s = startup_timeout_s
     self._pool: cf.ProcessPoolExecutor | None = None
+    self._traced = False  # a failure's traceback was logged
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}({self.name})"
 
   def _start(self) -> cf.ProcessPoolExecutor:
-    pool = cf.ProcessPoolExecutor(self.num_workers,
-                                  mp_context=multiprocessing.get_context(self.mp_context))
+    self._pool = cf.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context(self.mp_context))
     # Workers spawn on submit; start all now so start-up is not billed to item timeouts.
-    for f in [pool.submit(_ready, self.verify_fn) for _ in range(self.num_workers)]:
+    for f in [self._pool.submit(_ready, self.score_fn, self.warmup) for _ in range(self.num_workers)]:
       f.result(timeout=self.startup_timeout_s)
-    return pool
+    return self._pool
 
   def close(self) -> None:
     """Kills the workers (a hung one never returns by itself)."""
@@ -190,17 +197,23 @@ class MathReward:
       self.close()  # leave no broken pool behind for the next call
       raise
 
+  def _failed(self, i: int, e: BaseException) -> None:
+    """One line per failed item; the first also with the worker's traceback."""
+    trace = "" if self._traced else _remote_traceback(e)
+    log.warning("reward %s failed on item %d: %s: %s%s", self.name, i, type(e).__name__, e,
+                f"\n{trace}" if trace else "")
+    self._traced |= bool(trace)
+
   def _score(self, completions: list[str], answers: list[str]) -> RewardResult:
     rewards = np.zeros(len(completions), np.float32)
     failed = timeouts = 0
     todo = collections.deque(range(len(completions)))
     running: dict[cf.Future, tuple[int, float]] = {}  # future -> (item, deadline)
     while todo or running:
-      if self._pool is None:
-        self._pool = self._start()
+      pool = self._pool or self._start()
       while todo and len(running) < self.num_workers:  # at most one item per worker
         i = todo.popleft()
-        f = self._pool.submit(self.verify_fn, completions[i], answers[i])
+        f = pool.submit(self.score_fn, completions[i], answers[i])
         running[f] = (i, time.monotonic() + self.timeout_s)
       next_deadline = min(d for _, d in running.values())
       done, _ = cf.wait(running, timeout=max(0.0, next_deadline - time.monotonic()),
@@ -209,15 +222,15 @@ class MathReward:
       for f in done:
         i, _ = running.pop(f)
         try:
-          rewards[i] = float(f.result())
+          rewards[i] = _as_reward(f.result())
         except Exception as e:  # pylint: disable=broad-except
-          log.warning("math reward failed on item %d: %r", i, e)
+          self._failed(i, e)
           failed += 1
           broken |= isinstance(e, BrokenProcessPool)
       now = time.monotonic()
       expired = [f for f, (_, d) in running.items() if d <= now]
       for f in expired:
-        log.warning("math reward timed out on item %d after %.1fs", running.pop(f)[0],
+        log.warning("reward %s timed out on item %d after %.1f s; scored 0", self.name, running.pop(f)[0],
                     self.timeout_s)
       timeouts += len(expired)
       if expired or broken:  # kill the pool; the items beside the bad one run again
@@ -227,22 +240,40 @@ class MathReward:
     return RewardResult(rewards, num_failed=failed, num_timeout=timeouts)
 
 
-class RecordReward:
-  """A user's `score(record: dict, response: str) -> float` behind the batch signature: the task puts
-  each problem's source record, as JSON, in its answer (tasks/records_task.py)."""
+class MathReward(WorkerReward):
+  """math_verify equivalence (tasks/math_verifier.py) in worker processes, `timeout_s` per item; `verify_fn`
+  replaces it (module level, for tests)."""
 
-  def __init__(self, score_fn: Callable[[dict, str], float]):
-    self.score_fn = score_fn
-    self._items = ItemReward(self._score)
+  def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, verify_fn: ScoreFn | None = None,
+               mp_context: str = "spawn", startup_timeout_s: float = 120.0):
+    if verify_fn is None:
+      from oapl_jax.tasks import math_verifier  # pylint: disable=import-outside-toplevel
+      # math_verify's own (soft) timeouts: three calls, all inside our hard one.
+      verify_fn = functools.partial(math_verifier.score, timeout_s=max(1, int(timeout_s / 3)))
+    super().__init__(verify_fn, num_workers, timeout_s, name="math_verify", mp_context=mp_context,
+                     startup_timeout_s=startup_timeout_s)
 
-  def _score(self, completion: str, answer: str) -> float:
-    return self.score_fn(json.loads(answer), completion)
 
-  def __call__(self, completions: list[str], answers: list[str]) -> RewardResult:
-    return self._items(completions, answers)
+@functools.lru_cache(maxsize=None)
+def _imported_score(path: str) -> Callable[[dict, str], float]:
+  return import_score(path)
 
-  def __repr__(self) -> str:
-    return f"RecordReward({getattr(self.score_fn, '__module__', '?')}:{getattr(self.score_fn, '__name__', '?')})"
+
+def score_record(path: str, completion: str, answer: str) -> float:
+  """In a worker: the `score(record, response)` at import path `path` on the record (JSON in `answer`)."""
+  return _imported_score(path)(json.loads(answer), completion)
+
+
+class RecordReward(WorkerReward):
+  """A user's `score(record: dict, response: str) -> float`, by import path 'package.module:function', behind
+  the batch signature, in worker processes with `timeout_s` per item (the module is imported in each worker,
+  from the same sys.path and working directory). The task puts each problem's source record, as JSON, in its
+  answer (tasks/records_task.py)."""
+
+  def __init__(self, path: str, num_workers: int = 2, timeout_s: float = 10.0, **kwargs):
+    import_score(path)  # a bad path fails here, not in every worker
+    super().__init__(functools.partial(score_record, path), num_workers, timeout_s, name=path,
+                     warmup=functools.partial(_imported_score, path), **kwargs)
 
 
 class FinishedOnly:
@@ -292,11 +323,9 @@ REWARDS: dict[str, Callable[..., Callable]] = {
 
 def reward_by_name(name: str, **kwargs) -> Callable:
   """The (unguarded) reward named in REWARDS, kwargs to its constructor (e.g. MathReward's), or a
-  RecordReward around the `score(record, response)` at import path 'package.module:function'."""
+  RecordReward (kwargs: WorkerReward's) of the `score(record, response)` at import path 'package.module:function'."""
   if ":" in name:
-    if kwargs:
-      raise ValueError(f"reward {name!r}: a record reward takes no settings, got {sorted(kwargs)}")
-    return RecordReward(import_score(name))
+    return RecordReward(name, **kwargs)
   if name not in REWARDS:
     raise ValueError(f"unknown reward {name!r}; known: {sorted(REWARDS)} or 'package.module:function'")
   return REWARDS[name](**kwargs)
