@@ -1,8 +1,9 @@
 """The paper's code setting (OAPL §5.2): DeepSeek-R1-Distill-Qwen-14B on DeepCoder's problems, offline in
 two stages, eval on LiveCodeBench.
 
-  python -m oapl_jax.apps.offline run --config configs/code.py --workdir /runs/oapl-code \
-    --config.model.checkpoint=/ckpt/DeepSeek-R1-Distill-Qwen-14B --config.task.tokenizer_dir=/ckpt/DeepSeek-R1-Distill-Qwen-14B
+  oapl-prepare model deepseek-ai/DeepSeek-R1-Distill-Qwen-14B --out ~/models/DeepSeek-R1-Distill-Qwen-14B
+  oapl-prepare data livecodebench --out ~/data/livecodebench
+  python -m oapl_jax.apps.offline run --config configs/code.py --workdir /runs/oapl-code
   python -m oapl_jax.apps.offline run --config configs/code.py:smoke --workdir /tmp/code_smoke   # CPU, minutes
   (or stage by stage: `generate --stage 1`, `train --offline --stage 1`, `generate --stage 2`, ...)
 
@@ -15,9 +16,10 @@ samples per prompt. We read "global batch 256" as 256 sequences = 32 prompts x 8
 epoch over the ~13.4K DeepCoder prompts that survive the filter is then the paper's ~418 updates (with
 256 prompts per step, 418 steps would need 107K prompts, more than DeepCoder has).
 Data as distributed: DeepCoder-Preview-Dataset Parquet files ({"problem", "tests"}; edit the paths to
-where they were downloaded) and LiveCodeBench code_generation_lite JSONL files ({"question_content",
-"public_test_cases", "private_test_cases", "metadata", "contest_date", "starter_code"}), cut into the
-v5 window (2024-08-01..2025-02-01, DeepCoder's 279 problems) and the v6 window (2025-02-01..2025-05-01).
+where they were downloaded) and LiveCodeBench code_generation_lite's problems ({"question_content",
+"public_test_cases", "private_test_cases", "metadata", "contest_date", "starter_code"}; `oapl-prepare data
+livecodebench` joins its test.jsonl ... test6.jsonl into one test.jsonl), cut into the v5 window
+(2024-08-01..2025-02-01, DeepCoder's 279 problems) and the v6 window (2025-02-01..2025-05-01).
 """
 from ml_collections import ConfigDict
 
@@ -25,7 +27,7 @@ from oapl_jax import config_base
 
 DATA = "~/data"  # edit, or override each path on the command line
 MODEL = "~/models/DeepSeek-R1-Distill-Qwen-14B"
-LCB_FILES = tuple(f"{DATA}/livecodebench/code_generation_lite/test{n}.jsonl" for n in ("", 2, 3, 4, 5, 6))
+LCB_FILES = (f"{DATA}/livecodebench/test.jsonl",)  # or the published test.jsonl ... test6.jsonl, each a path
 INSTRUCTION = ("\n\nSolve the problem in Python. Put the complete program (or the requested function) in one "
                "```python code block at the end of your response.")
 

@@ -1,16 +1,22 @@
 """A GSM8K-sized OAPL run for a small model: Qwen3-0.6B (default) or Qwen2.5-0.5B-Instruct.
 
-  python -m oapl_jax.main --config configs/gsm8k.py --workdir /runs/gsm8k \
-    --config.model.checkpoint=/ckpt/Qwen3-0.6B --config.task.tokenizer_dir=/ckpt/Qwen3-0.6B
-  python -m oapl_jax.main --config configs/gsm8k.py:qwen2.5 ...   # Qwen2.5-0.5B-Instruct
-  python -m oapl_jax.main --config configs/gsm8k.py:smoke ...     # shrunk to run on CPU
+  oapl-prepare model Qwen/Qwen3-0.6B --out ~/models/Qwen3-0.6B
+  oapl-prepare data gsm8k --out ~/data/gsm8k
+  oapl-train --config configs/gsm8k.py --workdir runs/gsm8k
 
-GSM8K JSONL as distributed ({"question", "answer"} with the final answer after '####').
+  oapl-train --config configs/gsm8k.py:qwen2.5 ...   # Qwen2.5-0.5B-Instruct (prepare Qwen/Qwen2.5-0.5B-Instruct)
+  oapl-train --config configs/gsm8k.py:smoke ...     # shrunk to run on CPU
+  elsewhere: --config.model.checkpoint=DIR --config.task.tokenizer_dir=DIR --config.task.train_path=FILE ...
+
+GSM8K JSONL as distributed ({"question", "answer"} with the final answer after '####'), as oapl-prepare
+writes it: train.jsonl, dev.jsonl (carved from train) and test.jsonl, the eval set.
 Responses are short, so L is shorter than the paper's 50 and beta2 larger than its 1e-3.
 """
 from ml_collections import ConfigDict
 
 from oapl_jax import config_base
+
+DATA = "~/data/gsm8k"  # what `oapl-prepare data gsm8k --out ~/data/gsm8k` writes
 
 
 def get_config(arg: str = "") -> ConfigDict:
@@ -20,8 +26,8 @@ def get_config(arg: str = "") -> ConfigDict:
     raise ValueError(f"unknown variant {arg!r}; known: {sorted(model)}")
   c = config_base.base_config()
   c.model.update(checkpoint=f"~/models/{model[variant]}", dtype="bfloat16", remat=True)
-  c.task = config_base.chat_task(tokenizer_dir=f"~/models/{model[variant]}", train_path="~/data/gsm8k/train.jsonl",
-                            eval_paths={"gsm8k_test": "~/data/gsm8k/test.jsonl"})
+  c.task = config_base.chat_task(tokenizer_dir=f"~/models/{model[variant]}", train_path=f"{DATA}/train.jsonl",
+                            eval_paths={"gsm8k_test": f"{DATA}/test.jsonl"})
   c.task.update(problem_key="question", answer_key="answer", answer_after="####")
   c.trainer.loss_settings.oapl.update(beta1=1.0, beta2=1e-2)
   c.trainer.optim.update(lr=1e-6, b1=0.9, b2=0.95, max_grad_norm=1.0)

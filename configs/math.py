@@ -1,16 +1,18 @@
 """The paper's math setting (OAPL §5.1): Qwen3-4B-Thinking-2507 on DeepScaleR, eval on AIME 25,
 HMMT 25 (Feb, Nov) and BRUMO 25.
 
-  python -m oapl_jax.main --config configs/math.py --workdir /runs/oapl-math \
-    --config.model.checkpoint=/ckpt/Qwen3-4B-Thinking-2507 --config.task.tokenizer_dir=/ckpt/Qwen3-4B-Thinking-2507
-  python -m oapl_jax.main --config configs/math.py:smoke ...   # same pipeline, shrunk to run on CPU
+  oapl-prepare model Qwen/Qwen3-4B-Thinking-2507 --out ~/models/Qwen3-4B-Thinking-2507
+  for d in deepscaler aime25 hmmt25_feb hmmt25_nov brumo25; do oapl-prepare data $d --out ~/data/$d; done
+  oapl-train --config configs/math.py --workdir /runs/oapl-math
+  oapl-train --config configs/math.py:smoke ...   # same pipeline, shrunk to run on CPU
 
 Paper: beta1 = 1, beta2 = 1e-3, L = 50, G = 8, global batch 128, 2 batches per update, AdamW
 (0.9, 0.95), lr 1e-6, generation temperature 1.0, top-p 1.0, max 16384 tokens; eval temperature
 0.6, top-p 0.95, 16384 tokens, 10 samples per prompt, pass@{1,5,10}. We read "global batch 128,
 2 batches per update" as 128 prompts (x 8 samples) per rollout round feeding two optimizer steps
 of 64 prompts each (steps_per_rollout=2), as verl's train/mini-batch sizes do.
-The data files hold {"problem", "answer"} records (JSONL or Parquet) as the datasets are distributed.
+The data files hold {"problem", "answer"} records (JSONL or Parquet), as oapl-prepare writes them:
+~/data/deepscaler/{train,dev}.jsonl and ~/data/{aime25,hmmt25_feb,hmmt25_nov,brumo25}/test.jsonl.
 """
 from ml_collections import ConfigDict
 
@@ -27,8 +29,7 @@ def get_config(arg: str = "") -> ConfigDict:
                  remat_policy="offload_layer_input")
   c.task = config_base.chat_task(
       tokenizer_dir="~/models/Qwen3-4B-Thinking-2507", train_path=f"{DATA}/deepscaler/train.jsonl",
-      eval_paths={"aime25": f"{DATA}/aime25.jsonl", "hmmt25_feb": f"{DATA}/hmmt25_feb.jsonl",
-                  "hmmt25_nov": f"{DATA}/hmmt25_nov.jsonl", "brumo25": f"{DATA}/brumo25.jsonl"})
+      eval_paths={name: f"{DATA}/{name}/test.jsonl" for name in ("aime25", "hmmt25_feb", "hmmt25_nov", "brumo25")})
   c.trainer.loss_settings.oapl.update(beta1=1.0, beta2=1e-3)
   c.trainer.optim.update(lr=1e-6, b1=0.9, b2=0.95, max_grad_norm=1.0)
   # 64 prompts x 8 samples per step in 2 micro-batches of 256 sequences (8 per v5p-64 chip): with splash attention and

@@ -8,6 +8,8 @@
   math           EleutherAI/hendrycks_math train (7 subjects; the answer is the solution's last \\boxed{})
                  and HuggingFaceH4/MATH-500 test -> {"problem", "answer"}
   deepscaler     agentica-org/DeepScaleR-Preview-Dataset -> {"problem", "answer"}; configs/math.py reads train.jsonl
+  aime25, hmmt25_feb, hmmt25_nov, brumo25
+                 MathArena/aime_2025, ... -> test.jsonl {"problem", "answer"}: configs/math.py's eval sets
   livecodebench  livecodebench/code_generation_lite test.jsonl, test2.jsonl, ... -> test.jsonl with the fields
                  tasks/code_task.py reads (configs/code.py cuts it into contest-date windows)
 
@@ -21,7 +23,7 @@ or a directory laid out as the published repository ('hf download REPO --repo-ty
 from __future__ import annotations
 
 import dataclasses
-import glob
+import fnmatch
 import json
 import os
 from typing import Callable, Iterator, Optional, Sequence
@@ -62,10 +64,10 @@ def _gsm8k(row: dict) -> Optional[dict]:
 def _math(row: dict) -> Optional[dict]:
   """MATH-500 carries `answer`; the competition set only the solution, whose last \\boxed{} is the answer."""
   from oapl_jax.tasks.rewards import last_boxed  # pylint: disable=import-outside-toplevel
-  answer = row.get("answer")
-  if answer is None or not str(answer).strip():
-    answer = last_boxed(str(row.get("solution") or ""))
-  return {"problem": row["problem"], "answer": str(answer).strip()} if answer and row.get("problem") else None
+  answer = str(row["answer"]).strip() if row.get("answer") is not None else ""  # 0 is an answer
+  if not answer:
+    answer = (last_boxed(str(row.get("solution") or "")) or "").strip()
+  return {"problem": row["problem"], "answer": answer} if answer and row.get("problem") else None
 
 
 def _livecodebench(row: dict) -> Optional[dict]:
@@ -82,6 +84,10 @@ SOURCES = {
                     Part("test", "HuggingFaceH4/MATH-500", ("test.jsonl",))), _math, "no answer and no \\boxed{}"),
     "deepscaler": Source((Part("train", "agentica-org/DeepScaleR-Preview-Dataset", ("deepscaler.json",)),), _math,
                          "no problem or answer"),
+    # The paper's math eval sets (configs/math.py): MathArena publishes each as one 'train' split; ours is test.
+    **{name: Source((Part("test", f"MathArena/{repo}", ("*train-*.parquet",)),), _math, "no problem or answer")
+       for name, repo in (("aime25", "aime_2025"), ("hmmt25_feb", "hmmt_feb_2025"), ("hmmt25_nov", "hmmt_nov_2025"),
+                          ("brumo25", "brumo_2025"))},
     "livecodebench": Source((Part("test", "livecodebench/code_generation_lite", LCB_FILES),), _livecodebench,
                             "no question_content or no test cases"),
 }
@@ -116,10 +122,12 @@ def _json_line(line: str, path: str, lineno: int):
 
 
 def _files(folder: str, part: Part) -> list[str]:
-  """The part's files under `folder` (a published repository's layout), or the file `folder` itself."""
+  """The part's files under `folder` (a published repository's layout, matched as the hub matches
+  allow_patterns: '*' crosses '/'), or the file `folder` itself."""
   if os.path.isfile(folder):
     return [folder]
-  found = sorted({f for pattern in part.files for f in glob.glob(os.path.join(folder, pattern))})
+  found = sorted(os.path.join(root, name) for root, _, names in os.walk(folder) for name in names
+                 if any(fnmatch.fnmatch(os.path.relpath(os.path.join(root, name), folder), p) for p in part.files))
   if not found:
     raise PrepareError(f"{folder}: no {', '.join(part.files)} for the {part.split} split (the layout of {part.repo}); "
                        f"name the file with --source {part.split}=FILE")
