@@ -115,7 +115,8 @@ def test_local_checkpoint_with_relative_paths(hub_cache, tmp_path, monkeypatch, 
 
 def test_non_qwen_architecture_is_refused(tmp_path, capsys):
   (tmp_path / "llama").mkdir()
-  (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+  config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+  (tmp_path / "llama" / "config.json").write_text(json.dumps(config))
   assert prepare_app.main(["model", str(tmp_path / "llama"), "--out", str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "model_type='llama'" in err[0] and "supported: ['qwen2', 'qwen3']" in err[0], err

@@ -170,8 +170,10 @@ def _rows(source: Source, local: dict[str, str], revision: Optional[str]) -> dic
       continue
     print(f"{part.split}: reading", flush=True)
     folder = local[part.split] if local else _download(part, revision)
-    rows = (row for f in _files(folder, part) for row in read_file(f))
-    out.setdefault(part.split, []).extend(rows)
+    for path in _files(folder, part):
+      before = len(out.setdefault(part.split, []))
+      out[part.split].extend(read_file(path))
+      print(f"  {len(out[part.split]) - before} rows from {path}", flush=True)
   return out
 
 

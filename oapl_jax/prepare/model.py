@@ -118,4 +118,4 @@ def _tokenizer(path: str) -> str:
 def describe(s: Summary) -> str:
   return (f"{s.path}: {s.family}, {s.layers} layers, width {s.width}, {s.heads} heads "
           f"({s.kv_heads} kv, head_dim {s.head_dim}), vocab {s.vocab}, tied embeddings {s.tied}; "
-          f"{s.parameters:,} parameters ({s.parameters / 1e9:.2f}B); tokenizer: {s.tokenizer}")
+          f"{s.parameters:,} parameters ({s.parameters / 1e6:,.1f}M); tokenizer: {s.tokenizer}")
