@@ -1,11 +1,16 @@
 """Tests for oapl_jax.tasks.code_reward: code extraction, the datasets' test formats, comparison,
 and the reward on correct, wrong, crashing, slow and malicious programs in both formats."""
 import base64
+import concurrent.futures
+import decimal
 import json
 import os
 import pickle
+import random
 import time
+import tracemalloc
 import uuid
+import weakref
 import zlib
 
 import numpy as np
@@ -289,3 +294,93 @@ def test_uses_the_configured_sandbox():
   with pytest.raises(sandbox.SandboxError):
     code_reward.score(STDIO, PROGRAMS["stdio_correct"][1],
                       config=sandbox.SandboxConfig(use_namespaces=False, require_isolation=True))
+
+
+def _livecodebench_rule(got: str, expected: str) -> bool:
+  """The unbounded rule the grader had before issue 41.2: the reference its bounded one must agree with."""
+  def decimals(line):
+    try:
+      numbers = [decimal.Decimal(t) for t in line.split()]
+    except decimal.InvalidOperation:
+      return None
+    return numbers if all(n.is_finite() for n in numbers) else None
+  got_lines = [line.strip() for line in got.strip().split("\n")]
+  want_lines = [line.strip() for line in expected.strip().split("\n")]
+  return len(got_lines) == len(want_lines) and all(
+      g == w or (decimals(g) is not None and decimals(g) == decimals(w)) for g, w in zip(got_lines, want_lines))
+
+
+def test_bounded_stdout_matching_agrees_with_the_unbounded_rule_on_plausible_outputs():
+  rng = random.Random(0)
+  tokens = ["0", "1", "-7", "3.5", "1e3", "yes", "NO", "abc", "2.50", "-0", "nan", "1000"]
+  spellings = {"3.5": ["3.50", "3.500000000000000000", "+3.5"], "1e3": ["1000", "1000.0"], "1000": ["1e3", "1.0E3"],
+               "-0": ["0", "0.000"], "0": ["-0", "0.0"], "1": ["1.00000000000000000000", "01"], "2.50": ["2.5"]}
+  verdicts = set()
+  for _ in range(2000):
+    want = [[rng.choice(tokens) for _ in range(rng.randint(0, 4))] for _ in range(rng.randint(1, 4))]
+    got = [[rng.choice(spellings.get(t, [t])) if rng.random() < 0.5 else t for t in line] for line in want]
+    if rng.random() < 0.3:  # a wrong token, a missing or an extra line
+      line = rng.choice(got)
+      line.append("9") if rng.random() < 0.5 or not line else line.pop()
+    elif rng.random() < 0.2:
+      got = got[:-1] if rng.random() < 0.5 else got + [["1"]]
+    sep = rng.choice([" ", "  ", " \t"])
+    got_text = rng.choice(["", "\n", "  "]) + "\n".join(sep.join(l) + rng.choice(["", " "]) for l in got) + \
+        rng.choice(["", "\n", "\n\n"])
+    want_text = "\n".join(" ".join(l) for l in want) + "\n"
+    verdict = _livecodebench_rule(got_text, want_text)
+    assert code_reward.stdout_matches(got_text, want_text) == verdict, (got_text, want_text)
+    assert code_reward.stdout_matches(got_text.encode(), want_text) == verdict
+    verdicts.add(verdict)
+  assert verdicts == {True, False}
+
+
+HUNDRED_ZEROS = "\n".join(["0"] * 100)
+
+
+@pytest.mark.parametrize("expected, flood", [("0", b"1 " * (1 << 19)),  # one line of numbers, as the issue's
+                                             (HUNDRED_ZEROS, b"0\n" * (1 << 19)),  # many lines
+                                             (HUNDRED_ZEROS, b"1 " * 2000 + b"\n0" * 99)])  # one line too long
+def test_a_flood_costs_the_grader_a_multiple_of_the_expected_output_not_of_the_flood(expected, flood, monkeypatch):
+  """Issue 41.2: one 32 MiB line of numbers cost 12.8 s and 2.1 GB in the grader; now it is failed after
+  reading at most a small multiple of the expected output (bytes parsed as numbers, and memory; the floods
+  here are 1 MiB or 4 KiB)."""
+  suite = code_reward.TestSuite(None, ("",), (expected,))
+  result = sandbox.RunResult("ok", 0, None, b"0 ok 0.1 %d\n" % len(flood) + flood, b"", 0.1, 0.1)
+  parsed = []
+  decimals = code_reward._decimals  # pylint: disable=protected-access
+  monkeypatch.setattr(code_reward, "_decimals", lambda line: parsed.append(len(line)) or decimals(line))
+  tracemalloc.start()
+  try:
+    assert code_reward.grade(suite, result, partial_credit=False) == (0.0, False)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert sum(parsed) <= 100 * len(expected)
+  assert peak < 64 << 10
+
+
+def test_each_program_output_is_dropped_once_graded(monkeypatch):
+  """The batch reward grades each run as it ends and keeps no output past it (they were all kept until the
+  batch ended: a batch of floods held them all)."""
+  reward = code_reward.CodeReward(num_workers=1)
+  reward.pool.close()
+  refs = []
+
+  class DonePool:  # runs "finished" at once, each with an output the reward alone holds
+    def submit(self, source, stdin, limits):
+      future = concurrent.futures.Future()
+      result = sandbox.RunResult("ok", 0, None, b"0 ok 0.1 2\n3\n", b"", 0.1, 0.1)
+      refs.append(weakref.ref(result))
+      future.set_result(result)
+      return future
+
+  reward.pool = DonePool()
+  seen = []
+  grade = code_reward.grade
+  monkeypatch.setattr(code_reward, "grade", lambda suite, result, partial: seen.append(sum(r() is not None for r in refs))
+                      or grade(suite, result, partial))
+  records = [{"tests": [{"input": "1 2", "output": "3", "testtype": "stdin"}]}] * 4
+  result = reward(records, [fenced("print(3)")] * 4)
+  assert result.rewards.tolist() == [1.0] * 4
+  assert seen == [4, 3, 2, 1]

@@ -13,8 +13,9 @@ program runs unbuffered (as `python -u`, or a terminal), so what it printed befo
 crash is kept. The sandbox gets the code and the inputs only: nothing derived from the expected
 outputs (not even their sizes) enters it, so the program cannot find them in memory. Each test's
 stdout (or return value) is capped by a fixed `output_bytes`, the run's total by
-`total_output_bytes`, and the comparison runs here, in the grader. Reward 1.0 iff every test
-passes (`partial_credit=True`: the fraction passed). Without partial credit the harness stops at
+`total_output_bytes`, and the comparison runs here, in the grader, on at most a small multiple of
+the expected output (a longer output or line fails unparsed: `stdout_matches`). Reward 1.0 iff every
+test passes (`partial_credit=True`: the fraction passed). Without partial credit the harness stops at
 the first test that crashes or times out. A test that crashes, or kills itself or its process
 group, fails; only a test out of wall or CPU time counts as a timeout.
 
@@ -41,6 +42,7 @@ after a prelude of common imports (typing, collections, heapq, bisect, math, ite
 from __future__ import annotations
 
 import base64
+import concurrent.futures as cf
 import dataclasses
 import decimal
 import inspect
@@ -154,16 +156,48 @@ def _decimals(line: str) -> list[decimal.Decimal] | None:
   return numbers if all(n.is_finite() for n in numbers) else None
 
 
-def stdout_matches(got: str, expected: str) -> bool:
-  """LiveCodeBench's rule: same number of stripped lines, each equal or equal as Decimal tokens."""
-  got_lines = [line.strip() for line in got.strip().split("\n")]
+# The grader's work on an output is bounded by the expected output's size, not by what a program prints:
+# a stripped line may hold twice its expected line's bytes, 24 more per expected token (a number printed
+# with more digits) and 32 more; the whole output that, a byte per line and 4096 more (blank lines, spaces).
+_TOKEN_SLACK, _LINE_SLACK, _OUTPUT_SLACK = 24, 32, 4096
+
+
+def _line_budget(line: str) -> int:
+  return 2 * len(line.encode()) + _TOKEN_SLACK * len(line.split()) + _LINE_SLACK
+
+
+def stdout_matches(got: bytes | memoryview | str, expected: str) -> bool:
+  """LiveCodeBench's rule: same number of stripped lines, each equal or equal as Decimal tokens. An output
+  over its budget (above) fails unread, line counts are compared before any line is split, a line over its
+  budget fails unparsed, and each line is parsed once."""
   want_lines = [line.strip() for line in expected.strip().split("\n")]
-  if len(got_lines) != len(want_lines):
+  budgets = [_line_budget(w) for w in want_lines]
+  if len(got) > sum(budgets) + len(budgets) + _OUTPUT_SLACK:
     return False
-  for g, w in zip(got_lines, want_lines):
-    if g != w and (_decimals(g) is None or _decimals(g) != _decimals(w)):
+  text = (got if isinstance(got, str) else bytes(got).decode("utf-8", errors="replace")).strip()
+  if text.count("\n") + 1 != len(want_lines):
+    return False
+  for g, w, budget in zip(text.split("\n"), want_lines, budgets):
+    g = g.strip()
+    if g == w:
+      continue
+    if len(g) > budget or len(g.split()) != len(w.split()):
+      return False
+    numbers = _decimals(g)
+    if numbers is None or numbers != _decimals(w):
       return False
   return True
+
+
+def returned_matches(payload: bytes | memoryview, expected: Any, unwrap_single: bool) -> bool:
+  """Whether the JSON return value `payload` matches `expected` (return_matches); a payload over three times
+  the expected value's JSON and 64 bytes fails unparsed, as does one that is not JSON."""
+  if len(payload) > 3 * len(json.dumps(expected)) + 64:
+    return False
+  try:
+    return return_matches(json.loads(bytes(payload)), expected, unwrap_single)
+  except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+    return False
 
 
 def return_matches(got: Any, expected: Any, unwrap_single: bool) -> bool:
@@ -349,32 +383,30 @@ def _job(record: Mapping | str, response: str, settings: Settings) -> tuple[Test
   return suite, sandbox.Job(HARNESS_SOURCE, stdin, limits)
 
 
-def _parse_records(stdout: bytes) -> list[tuple[str, bytes]]:
-  """The harness's per-test records "i status seconds length\\n" + payload, in test order."""
-  records, pos = [], 0
-  while (end := stdout.find(b"\n", pos)) >= 0:
+def _parse_records(stdout: bytes) -> list[tuple[str, memoryview]]:
+  """The harness's per-test records "i status seconds length\\n" + payload, in test order (views of stdout)."""
+  records, pos, view = [], 0, memoryview(stdout)
+  while (end := stdout.find(b"\n", pos, pos + 64)) >= 0:  # a record's header is short
     fields = stdout[pos:end].split()
     if len(fields) != 4 or fields[0] != b"%d" % len(records) or not fields[3].isdigit():
       break  # a record the harness did not write: the run ended there
-    records.append((fields[1].decode(errors="replace"), stdout[end + 1:end + 1 + int(fields[3])]))
+    records.append((fields[1].decode(errors="replace"), view[end + 1:end + 1 + int(fields[3])]))
     pos = end + 1 + int(fields[3])
   return records
 
 
 def grade(suite: TestSuite, result: sandbox.RunResult, partial_credit: bool) -> tuple[float, bool]:
-  """(reward, whether a test or the run timed out) from the harness's run."""
+  """(reward, whether a test or the run timed out) from the harness's run; the work is bounded by the
+  expected outputs' sizes (stdout_matches, returned_matches), however much the program printed."""
   passed, timed_out = 0, result.reason == "timeout"
   for (status, payload), expected in zip(_parse_records(result.stdout), suite.outputs):
     timed_out |= status == "timeout"
     if status != "ok":
       continue
     if suite.fn_name is None:
-      passed += stdout_matches(payload.decode("utf-8", errors="replace"), expected)
+      passed += stdout_matches(payload, expected)
     else:
-      try:
-        passed += return_matches(json.loads(payload), expected, suite.unwrap_single)
-      except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
-        pass
+      passed += returned_matches(payload, expected, suite.unwrap_single)
   total = len(suite.inputs)
   return (passed / total if partial_credit else float(passed == total)), timed_out
 
@@ -410,7 +442,7 @@ class CodeReward:
       raise ValueError(f"{len(records)} records but {len(responses)} responses")
     rewards = np.zeros(len(records), np.float32)
     failed = timeouts = 0
-    pending = []
+    pending: dict[cf.Future, tuple[int, TestSuite]] = {}
     for i, (record, response) in enumerate(zip(records, responses)):
       try:
         suite, job = _job(record, response, self.settings)
@@ -419,9 +451,9 @@ class CodeReward:
         failed += 1
         continue
       if job is not None:
-        pending.append((i, suite, self.pool.submit(job.source, job.stdin, job.limits)))
-    for i, suite, future in pending:
-      result = future.result()
+        pending[self.pool.submit(job.source, job.stdin, job.limits)] = (i, suite)
+    for future in cf.as_completed(list(pending)):  # graded as each run ends, its output then dropped
+      (i, suite), result = pending.pop(future), future.result()
       failed += result.reason == "sandbox_error"
       rewards[i], timed_out = grade(suite, result, self.settings.partial_credit)
       timeouts += timed_out
