@@ -1,5 +1,6 @@
-"""What a run directory records about the run that made it: its fully resolved config.
+"""What a run directory records about the run that made it (its fully resolved config), and who runs in it.
 
+    lock = run_dir.lock(workdir)                              # first: one run per directory (RunDirBusy)
     run_dir.record_config(workdir, cfg)                       # at start: config.json + config.yaml
     run_dir.check_resume(workdir, cfg, allow_changes=False)   # on a resume: raises ConfigChanged on a diff
     cfg = run_dir.load_config(workdir)                        # export / eval: the config that made the run
@@ -7,13 +8,25 @@
 The recorded config is the one after every command-line override, as plain JSON (tuples become lists), so
 `config.json` is the single answer to "what made this run". Fields in RESUME_IGNORED are operational
 (how long this invocation runs), not part of the experiment, and may change on a resume.
+
+The lock: `<workdir>/run.lock`, held with fcntl.flock for the run's life (the OS drops it when the process
+dies, however it dies) and holding {"pid", "host", "since"} of its holder. A second run is refused at once
+naming them. A record left by a holder that is gone (flock free) is taken over with a warning when it names
+this host; one naming another host is refused unless `force` (where flock does not reach across hosts, as
+on some network filesystems, this host cannot tell whether that run still lives). A filesystem without
+flock leaves the record alone to decide: same host, pid alive -> refused. Only process 0 of a
+multi-process run takes it (the workdir is shared); the others learn its answer.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
-from typing import Any, Mapping
+import socket
+import time
+from typing import Any, Mapping, Optional
 
 import jax
 import yaml
@@ -149,3 +162,125 @@ def keep_previous(workdir: str) -> str | None:
   with open(source) as f, open(dest, "w") as g:
     g.write(f.read())
   return dest
+
+
+# ------------------------------------------------------------------------------ one run per directory
+LOCK_FILE = "run.lock"
+_held: dict[str, "RunLock"] = {}  # path -> the lock this process holds (a second setup in it replaces it)
+
+
+class RunDirBusy(RuntimeError):
+  """Another run holds the run directory (or may: see the module docstring)."""
+
+
+class RunLock:
+  """An exclusive lock on one run directory (see the module docstring); `release()` when the run ends."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
+    self._fd: Optional[int] = None
+
+  def acquire(self, force: bool = False) -> "RunLock":
+    if self.path in _held:
+      _held.pop(self.path).release()
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      flocked = _try_flock(fd)
+      holder = _read_record(fd)
+      host = socket.gethostname()
+      if flocked is False:
+        raise RunDirBusy(f"{os.path.dirname(self.path)} is in use by {_who(holder)}: wait for that run to end, "
+                         "stop it, or use another workdir")
+      if holder and holder.get("host") != host and not force:
+        raise RunDirBusy(f"{self.path} names {_who(holder)}, another host, which this one cannot check; if that run "
+                         "is over, start again with --force_lock (or delete the file)")
+      if holder and flocked is None and holder.get("host") == host and _alive(holder.get("pid")):
+        raise RunDirBusy(f"{os.path.dirname(self.path)} is in use by {_who(holder)} (this filesystem has no flock: "
+                         "the pid decides)")
+      if holder:
+        logging.warning("taking over the lock of %s on %s: that run is gone (%s)", _who(holder),
+                        os.path.dirname(self.path), "forced" if holder.get("host") != host else "not running")
+      _write_record(fd, {"pid": os.getpid(), "host": host, "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+    except BaseException:
+      os.close(fd)
+      raise
+    self._fd = fd
+    _held[self.path] = self
+    return self
+
+  def release(self) -> None:
+    """Clears the record (a clean end leaves nothing to take over) and drops the lock."""
+    if self._fd is None:
+      return
+    try:
+      os.ftruncate(self._fd, 0)
+    finally:
+      os.close(self._fd)  # closing the descriptor drops the flock
+      self._fd = None
+      _held.pop(self.path, None)
+
+
+def lock(workdir: str, force: bool = False) -> Optional[RunLock]:
+  """The run's lock on `workdir`, taken by process 0 (None on the others), or RunDirBusy on every process."""
+  held, refusal = None, None
+  if jax.process_index() == 0:
+    try:
+      held = RunLock(workdir).acquire(force)
+    except RunDirBusy as e:
+      refusal = e
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    if int(multihost_utils.broadcast_one_to_all(np.int32(refusal is not None))) and refusal is None:
+      refusal = RunDirBusy(f"process 0 could not lock {workdir} (its log says why)")
+  if refusal is not None:
+    raise refusal
+  return held
+
+
+def _try_flock(fd: int) -> Optional[bool]:
+  """True: locked; False: another holds it; None: this filesystem has no flock."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return True
+  except OSError as e:
+    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      return False
+    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+      logging.warning("the filesystem of this workdir has no flock (%s): the run lock is its pid/host record only", e)
+      return None
+    raise
+
+
+def _read_record(fd: int) -> dict:
+  os.lseek(fd, 0, os.SEEK_SET)
+  text = os.read(fd, 4096).decode(errors="replace").strip()
+  try:
+    record = json.loads(text) if text else {}
+  except ValueError:
+    record = {"pid": "?", "host": "?", "since": f"an unreadable record: {text[:80]!r}"}
+  return record if isinstance(record, dict) else {}
+
+
+def _write_record(fd: int, record: dict) -> None:
+  os.ftruncate(fd, 0)
+  os.lseek(fd, 0, os.SEEK_SET)
+  os.write(fd, (json.dumps(record) + "\n").encode())
+  os.fsync(fd)
+
+
+def _who(holder: dict) -> str:
+  if not holder:
+    return "another process (starting: no record yet)"
+  return f"pid {holder.get('pid')} on host {holder.get('host')} (since {holder.get('since')})"
+
+
+def _alive(pid: Any) -> bool:
+  try:
+    os.kill(int(pid), 0)
+  except (ProcessLookupError, ValueError, TypeError):
+    return False
+  except PermissionError:
+    return True
+  return True
