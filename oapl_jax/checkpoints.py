@@ -6,10 +6,19 @@ buffer is empty by construction, so it holds:
   meta   JSON: syncs done, the sampler snapshot version, the data position (prompts consumed)
          and the run seed from which every rng is derived (trainer: fold_in(seed, step);
          sampler: (seed, version, chunk)).
+A run stopped by a signal (rl/preemption.py) saves inside its window instead: meta then also counts the
+window's steps done (`window_steps_done` > 0), and the step holds a third item,
+  sampler the sampler's snapshot (decode layout), from which the window's rollouts are regenerated
+         exactly (their seeds are (seed, version, chunk)), so the resumed run equals an uninterrupted one.
 
 Restore order: build the TrainState's abstract shapes and shardings -> restore `state` into them
 -> read `meta` -> set the sampler's snapshot version -> refresh the sampler from the restored
-params -> reset the buffer to that version -> continue with the next sync window.
+params -> reset the buffer to that version -> continue with the next sync window. Inside a window
+(window_steps_done > 0) the refresh is replaced by `restore_sampler` into the sampler's shardings,
+installed at the saved version, and the window continues at its next step.
+
+A save that fails (disk full, a file-size limit) raises SaveFailed, one line naming the step, the path
+and the cause: at the next `poll` (the loop polls every step) or save at the latest, never later.
 
 Saves are orbax's: written into `<step>.orbax-checkpoint-tmp`, renamed to `<step>` once whole, so
 a killed save leaves only a tmp directory that orbax ignores (and replaces when it saves that step
@@ -26,6 +35,7 @@ steps newer than the one restored are moved to `<dir>/damaged/<step>-<kind>` (ke
 deleted; orbax no longer sees them), the reason written next to them, and named in a warning. When no step is readable nothing is
 moved and NoReadableCheckpoint lists every step with its reason.
 """
+import contextlib
 import dataclasses
 import gc
 import json
@@ -61,8 +71,10 @@ def absolute(path) -> epath.Path:
 class Meta:
   syncs_done: int  # completed windows of L trainer steps
   snapshot_version: int  # the sampler's version when the checkpoint was taken
-  data_position: int  # training prompts consumed so far
+  data_position: int  # training prompts consumed so far (by the windows done)
   seed: int
+  window_steps_done: int = 0  # steps of the unfinished window before the save (0: saved at its boundary)
+  drift_seen: int = 0  # 1: the last of them drifted past loop.refresh_drift, so the window ends one step later
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -73,8 +85,9 @@ class Meta:
     if not isinstance(values, dict):
       raise ValueError(f"holds a JSON {type(values).__name__}, not an object")
     names = [f.name for f in dataclasses.fields(cls)]
+    required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
     problems = []
-    if missing := [n for n in names if n not in values]:
+    if missing := [n for n in required if n not in values]:
       problems.append(f"lacks fields {missing}")
     if unexpected := sorted(set(values) - set(names)):
       problems.append(f"has unknown fields {unexpected}")
@@ -95,6 +108,43 @@ class DamagedCheckpoint(Exception):
 
 class NoReadableCheckpoint(RuntimeError):
   """Every step of a checkpoint directory is damaged (or does not fit the target)."""
+
+
+class SaveFailed(RuntimeError):
+  """A checkpoint could not be written; the message is one line: the step, the path and the cause."""
+
+  def __init__(self, step: int, path: str, cause: str):
+    hint = " (is the disk full?)" if re.search(r"too large|No space|quota", cause, re.I) else ""
+    super().__init__(f"checkpoint {step} could not be written to {path}: {cause}{hint}")
+    self.step, self.path, self.cause = step, path, cause
+
+
+def plain_write_error(e: BaseException) -> str:
+  """The OS's reason (`File too large`, `No space left on device`) from an orbax/tensorstore write error."""
+  chain, seen = [], e
+  while seen is not None and len(chain) < 10:
+    chain.append(str(seen))
+    seen = seen.__cause__ or seen.__context__
+  text = "\n".join(chain)
+  if m := re.search(r"([A-Z][^:\[\]\n]*?) \[os_error_code='?\d+'?\]", text):
+    return m.group(1).strip()
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  return _first_line(e)
+
+
+class _ReportedSaveErrors(logging.Filter):
+  """orbax logs a failed background save as several ERROR tracebacks from its threads; the Checkpointer
+  raises it as one SaveFailed line instead. Drops those records, and only those."""
+
+  _ORBAX_SAVE = re.compile(r"_SignalingThread\.run\(\) raised an exception|Failed to run \d+ Handler Commit operations|"
+                           r"in background save thread|Save Finalize thread \(\w+\) failed")
+
+  def filter(self, record):
+    return not (record.levelno >= logging.ERROR and self._ORBAX_SAVE.search(record.getMessage()))
+
+
+logging.getLogger("absl").addFilter(_ReportedSaveErrors())
 
 
 # ------------------------------------------------------------------------------ files
@@ -311,25 +361,59 @@ class Checkpointer:
     self.checksums = checksums
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
-        item_names=("state", "meta"))
+        item_names=("state", "meta", "sampler"))
     self._unrecorded: list[int] = []  # saves whose file record is not written yet
+    self._failed: Optional[SaveFailed] = None  # once a save failed, nothing more is written
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
-  def save(self, step: int, state: Any, meta: Meta) -> None:
+  def save(self, step: int, state: Any, meta: Meta, sampler: Any = None) -> None:
+    """Starts an async save of `state` and `meta` (and, inside a window, the sampler's snapshot); raises
+    SaveFailed for this save or an earlier one that failed."""
     self._record_finished()  # orbax waits for the previous save here anyway
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta.to_json())))
+    items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta.to_json()))
+    if sampler is not None:
+      items["sampler"] = ocp.args.StandardSave(sampler)
+    with self._failing_as(step):
+      self.manager.save(step, args=ocp.args.Composite(**items))
     self._unrecorded.append(step)
 
+  def poll(self) -> None:
+    """Raises SaveFailed if a background save has failed by now (cheap: never waits)."""
+    if self._unrecorded and not self._failed and not self.manager.is_saving_in_progress():
+      self._record_finished()  # finished: no wait
+
+  @contextlib.contextmanager
+  def _failing_as(self, step: int):
+    """Any error inside is SaveFailed for `step`; once one failed, every later save or poll raises it again."""
+    if self._failed:
+      raise self._failed
+    try:
+      yield
+    except SaveFailed:
+      raise
+    except Exception as e:  # orbax and tensorstore raise many kinds for a failed write
+      self._failed = SaveFailed(step, f"{self.directory}/{step}", plain_write_error(e))
+      raise self._failed from None
+
   def _record_finished(self) -> None:
-    self.manager.wait_until_finished()
+    if self._unrecorded:
+      with self._failing_as(self._unrecorded[-1]):
+        self.manager.wait_until_finished()
     for step in self._unrecorded:
       step_dir = epath.Path(self.directory) / str(step)
       if jax.process_index() == 0 and step_dir.is_dir():  # absent if max_to_keep already dropped it
         write_record(step_dir, self.checksums)
     self._unrecorded = []
+
+  def restore_sampler(self, step: int, abstract_snapshot: Any) -> Any:
+    """The sampler snapshot a mid-window save holds, into `abstract_snapshot`'s shapes and shardings."""
+    if not (epath.Path(self.directory) / str(step) / "sampler").is_dir():
+      raise DamagedCheckpoint(step, "no-sampler", "the sampler/ item (the window's snapshot) of a mid-window save "
+                                                  "is missing")
+    return _read_arrays(step, lambda: self.manager.restore(step, args=ocp.args.Composite(
+        sampler=ocp.args.StandardRestore(abstract_snapshot))))["sampler"]
 
   def _restore_step(self, step: int, abstract_state: Any) -> tuple[Any, Meta]:
     step_dir = epath.Path(self.directory) / str(step)
@@ -386,8 +470,16 @@ class Checkpointer:
     self._record_finished()
 
   def close(self) -> None:
-    self._record_finished()
-    self.manager.close()
+    """Waits for the last save (SaveFailed if it failed) and releases the manager either way."""
+    try:
+      if not self._failed:
+        self._record_finished()
+    finally:
+      try:
+        self.manager.close()
+      except Exception:  # pylint: disable=broad-except
+        if not self._failed:
+          raise
 
 
 # ------------------------------------------------------------------------------ a LoRA run's frozen base

@@ -3,10 +3,14 @@
   python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo
   oapl-train --config configs/math.py:smoke --workdir /tmp/smoke --config.loop.num_syncs=2
   oapl-train --config configs/own_task.py --workdir runs/own --dry_run    # check config and data, build nothing
+
+SIGTERM (exit 0) or Ctrl-C (exit 130) stops the run after the step in flight with a checkpoint there; the same
+command resumes it exactly. A second run in the same workdir is refused (run_dir.RunLock).
 """
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Optional, Sequence
 
 from oapl_jax.apps import cli
@@ -15,8 +19,8 @@ cli.prepare_host()
 
 import jax  # noqa: E402
 
-from oapl_jax import distributed  # noqa: E402
-from oapl_jax.rl import loop  # noqa: E402
+from oapl_jax import checkpoints, distributed, run_dir  # noqa: E402
+from oapl_jax.rl import loop, preemption  # noqa: E402
 from oapl_jax.run import assemble, check, schema  # noqa: E402
 
 
@@ -27,6 +31,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--dry_run", action="store_true", help="check the config and the task's data, then exit")
   p.add_argument("--allow_config_changes", action="store_true",
                  help="resume even if the config differs from the one the run recorded")
+  p.add_argument("--force_lock", action="store_true",
+                 help="take over the workdir's lock when it names a run on another host that is known to be over")
   # Multi-host (oapl_jax/distributed.py): all three, or none to read TPU VM / SLURM / JAX_* env settings.
   p.add_argument("--coordinator_address", help="host:port of process 0 (multi-host)")
   p.add_argument("--num_processes", type=int, help="number of processes (multi-host)")
@@ -43,9 +49,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   local_ids = [int(i) for i in args.local_device_ids.split(",")] if args.local_device_ids else None
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id, local_ids)
   logging.info("distributed: %s", distributed.describe())
-  summary = loop.train(assemble.setup(rc, args.workdir, args.allow_config_changes))
+  try:
+    summary = loop.train(assemble.setup(rc, args.workdir, args.allow_config_changes, args.force_lock))
+  except (checkpoints.SaveFailed, run_dir.RunDirBusy) as e:  # one line, not a traceback
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  stopped_by = summary.get("stopped_by")
   if jax.process_index() == 0:
-    print(f"\n=== {rc.trainer.loss.upper()} run finished ===")
+    print(f"\n=== {rc.trainer.loss.upper()} run " + (f"stopped by {stopped_by} (resume with the same command) ==="
+                                                     if stopped_by else "finished ==="))
     for key, value in summary.items():
       if key != "paths":
         print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
@@ -55,7 +67,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"  checkpoints:      {paths['checkpoints']}")
     print(f"  learning curve:   {paths['curve']}")
     print(f"  summary:          {paths['summary']}")
-  return 0
+  return preemption.EXIT_CODES.get(stopped_by, 0)
 
 
 def run() -> None:

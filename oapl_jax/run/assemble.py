@@ -8,7 +8,7 @@ offline mode, eval, export, serve, the compile check, the study).
     T = seq_len(rc, longest_prompt(task))            # the trainer's sequence length, one rule
     metrics = evaluate(rc, task, sampler, sampler.params, settings=eval_settings)
     probe = policy_eval(rc, task, sampler, model, T, evaluate_params)   # the current policy every N steps
-    run = setup(cfg, workdir); loop.train(run)        # a whole run (rl/loop.py), resuming if it can
+    run = setup(cfg, workdir); loop.train(run)        # a whole run (rl/loop.py), resuming if it can; locks workdir
 """
 from __future__ import annotations
 
@@ -154,13 +154,24 @@ def policy_eval(rc: RunConfig, task: Task, sampler: core.Sampler, model: CausalL
                     rc.eval.probe_sampling((task.tokenizer.eos_id,)), eval_seed(rc), seq)
 
 
-def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Run:
+def setup(cfg: Any, workdir: str, allow_config_changes: bool = False, force_lock: bool = False) -> loop.Run:
   """Build a run: where it runs, the task, the model (warm-started or restored), the sampler.
   cfg: a RunConfig, or a ConfigDict (read by schema.from_config). The config's cross-section rules and
-  every data source are checked before any model is built."""
+  every data source are checked before any model is built; the workdir is locked (run_dir.lock, RunDirBusy
+  at once; `force_lock` takes over another host's record) before anything is written, until the run ends."""
   rc = cfg if isinstance(cfg, RunConfig) else schema.from_config(cfg)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   check.check(rc)
+  lock = run_dir.lock(workdir, force_lock)
+  try:
+    return _build(rc, workdir, allow_config_changes, lock)
+  except BaseException:
+    if lock is not None:
+      lock.release()
+    raise
+
+
+def _build(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Optional[run_dir.RunLock]) -> loop.Run:
   layouts = placement(rc)
   task = build_task(rc)
   rollout_settings, eval_settings = sampling(rc, task)
@@ -204,7 +215,7 @@ def setup(cfg: Any, workdir: str, allow_config_changes: bool = False) -> loop.Ru
              parallel.process_rows(batch_sharding, rc.loop.batch_prompts), evaluate_params,
              old_policy_scorer(train_cfg, model, layouts.trainer, rc.loop.prompts_per_rollout),
              policy_eval(rc, task, sampler, model, seq, evaluate_params),
-             trainer.make_policy_params(train_cfg, model, layouts.trainer), demo_mixer(rc, task))
+             trainer.make_policy_params(train_cfg, model, layouts.trainer), demo_mixer(rc, task), lock)
 
 
 def demo_mixer(rc: RunConfig, task: Task) -> Optional[DemoMixer]:

@@ -1,0 +1,83 @@
+"""A stop asked for by SIGTERM (a pod's preemption, `kill`) or SIGINT (Ctrl-C), read by the loop at step ends.
+
+    stop = preemption.StopFlag(mesh).install()   # the handlers (main thread only); stop.uninstall() restores
+    vote = stop.vote()                           # after dispatching a step: this process's flag, cast async
+    if vote(): ...                               # one step later: True on every process, or on none
+
+The first signal only sets a flag and logs one line; the loop then finishes the step in flight, saves a
+checkpoint where it stands (inside a window too: checkpoints.py) and writes its summary. A second signal
+gets the default action (the run ends at once, no save).
+
+Several processes (jax.distributed) must stop after the same step, whichever of them got the signal and
+when: each step's vote is the max of every process's flag, one tiny all-reduce over the trainer's devices,
+dispatched behind the step and read only when that step's metrics are (so the trainer never waits on it).
+One process: the vote is the local flag, no device work.
+"""
+import functools
+import logging
+import signal
+import threading
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EXIT_CODES = {"SIGTERM": 0, "SIGINT": 130}  # what a command exits with after a stop (SIGINT: the shell's 128 + 2)
+
+
+class StopFlag:
+  """Signal handlers that set a flag, and the cross-process agreement on it (see the module docstring)."""
+
+  def __init__(self, mesh: Optional[jax.sharding.Mesh] = None):
+    self.signal_name: Optional[str] = None  # the signal that asked for the stop (this process's)
+    self._previous: dict[int, Any] = {}
+    self._collective = mesh is not None and jax.process_count() > 1
+    if self._collective:
+      devices = mesh.devices.flatten()
+      self._flags = NamedSharding(jax.sharding.Mesh(devices, ("all",)), PartitionSpec("all"))
+      self._count = len(devices)
+      self._any = jax.jit(jnp.max, out_shardings=NamedSharding(self._flags.mesh, PartitionSpec()))
+
+  def install(self) -> "StopFlag":
+    if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
+      self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+    return self
+
+  def uninstall(self) -> None:
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    self._previous = {}
+
+  def _handle(self, signum: int, frame) -> None:
+    del frame
+    self.signal_name = signal.Signals(signum).name
+    for s, handler in self._previous.items():  # a second signal acts at once, as it would have
+      signal.signal(s, handler)
+    logging.warning("%s received: finishing the step in flight, then saving a checkpoint and stopping "
+                    "(send it again to stop at once, without a save)", self.signal_name)
+
+  def request(self, name: str = "SIGTERM") -> None:
+    """As if `name` had arrived (tests, notebooks)."""
+    self.signal_name = name
+
+  @property
+  def requested(self) -> bool:
+    return self.signal_name is not None
+
+  def vote(self) -> Callable[[], bool]:
+    """This process's flag now, entered into the all-process max (dispatched, not waited for); calling the
+    result says whether any process had asked to stop then: the same answer on every process."""
+    if not self._collective:
+      return functools.partial(bool, self.requested)
+    local = np.full((1,), self.requested, np.int32)
+    agreed = self._any(jax.make_array_from_callback((self._count,), self._flags, lambda index: local))
+    return functools.partial(self._read, agreed)
+
+  def _read(self, agreed: jax.Array) -> bool:
+    if not bool(np.asarray(agreed.addressable_data(0))):
+      return False
+    self.signal_name = self.signal_name or "a signal to another process"
+    return True

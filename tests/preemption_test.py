@@ -1,0 +1,101 @@
+"""SIGTERM and SIGINT stop a run gracefully (rl/preemption.py): the step in flight finishes, a checkpoint is
+saved where the run stands (inside a window too), and the resumed run logs exactly what an uninterrupted one
+does; from the command line SIGTERM exits 0 and SIGINT 130, both with the save."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from oapl_jax import checkpoints
+from oapl_jax.rl import loop
+from oapl_jax.run import assemble
+from tests.loop_test import tiny_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# differ between any two runs: wall-clock times, and what the sampler thread had made when a step drew its batch
+UNTIMELY = ("seconds", "tokens_per_second", "buffer/groups")
+
+
+def _config():
+  c = tiny_config(num_syncs=2)
+  c.warmstart.steps = 0
+  c.eval.update(num_prompts=8, samples=2, ks=(1, 2))
+  return c
+
+
+def _values(workdir) -> list[tuple]:
+  """Every logged (step, metric, value), timing aside, in a canonical order."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return sorted((h["step"], k, v) for h in rows for k, v in h.items() if k != "step" and not k.endswith(UNTIMELY))
+
+
+def _signal_at(run, step: int, signum=signal.SIGTERM):
+  """Sends this process `signum` right after trainer step `step` is dispatched (a real signal, as `kill`)."""
+  train_step = run.train_step
+
+  def step_then_signal(state, batch, rng):
+    now = int(state.step)  # before the step donates it
+    out = train_step(state, batch, rng)
+    if now == step:
+      os.kill(os.getpid(), signum)
+    return out
+  run.train_step = step_then_signal
+  return run
+
+
+@pytest.mark.parametrize("stop_after", [6, pytest.param(8, marks=pytest.mark.slow)])  # window 2 is steps 5..9
+def test_a_stopped_run_resumes_to_the_uninterrupted_metrics(tmp_path, stop_after):
+  full, stopped = str(tmp_path / "full"), str(tmp_path / "stopped")
+  loop.train(assemble.setup(_config(), full))
+  previous = signal.getsignal(signal.SIGTERM)
+  summary = loop.train(_signal_at(assemble.setup(_config(), stopped), stop_after))
+  assert signal.getsignal(signal.SIGTERM) is previous  # the loop's handler is gone with it
+  # the signal lands after step `stop_after` is dispatched; the stop is agreed with the next step
+  saved = stop_after + 2
+  assert summary["stopped_by"] == "SIGTERM" and summary["trainer_steps"] == saved and not summary["finished"]
+  step_dirs = checkpoints.step_dirs(checkpoints.absolute(os.path.join(stopped, "checkpoints")))[0]
+  assert sorted(step_dirs) == [5, saved]
+  meta = checkpoints.read_meta(step_dirs[saved], saved)
+  inside = saved % 5
+  assert (meta.syncs_done, meta.window_steps_done) == ((1, inside) if inside else (2, 0))
+  assert os.path.isdir(os.path.join(step_dirs[saved], "sampler")) == bool(inside)
+  assert os.path.exists(os.path.join(stopped, "summary.json"))
+
+  loop.train(assemble.setup(_config(), stopped))
+  want, got = _values(full), _values(stopped)
+  assert len(want) > 200 and any(step > saved and key == "train/loss" for step, key, _ in want)
+  assert got == want  # bit-identical: every (step, metric, value), each logged once
+
+
+def _cli(workdir, *extra):
+  args = ["--config", "configs/arithmetic.py", "--config.warmstart.steps=20", "--config.loop.num_syncs=2",
+          "--config.loop.sync_every=5", "--config.checkpoint.every_syncs=1", "--config.eval.num_prompts=16",
+          *extra, "--workdir", str(workdir)]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  return subprocess.Popen([sys.executable, "-m", "oapl_jax.main", *args], cwd=REPO, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 0),
+                                         pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
+def test_the_command_saves_and_exits_cleanly_on_a_signal(tmp_path, signum, code):
+  proc = _cli(tmp_path)
+  deadline = time.time() + 300
+  while not (tmp_path / "checkpoints" / "5").is_dir() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signum)
+  out = proc.communicate(timeout=300)[0]
+  name = signal.Signals(signum).name
+  assert proc.returncode == code, out[-3000:]
+  assert out.count(f"{name} received: finishing the step in flight") == 1, out[-3000:]
+  assert f"run stopped by {name}" in out and "Traceback" not in out, out[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  saved = summary["trainer_steps"]
+  assert 5 < saved <= 10 and not summary["finished"]
+  assert (tmp_path / "checkpoints" / str(saved) / "commit_success.txt").exists()
+  assert not (tmp_path / "run.lock").read_text()  # released: the next run takes it without a word
