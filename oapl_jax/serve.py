@@ -4,7 +4,7 @@
     server = Server(engine, host="127.0.0.1", port=9000)
 
 Clients speak JetStream's `Orchestrator.Decode` (jetstream/core/proto/jetstream.proto): text when
-the model has tokenizer files, token ids (or text of ids) otherwise. Sampling settings are server
+the model has a tokenizer (HF files, or a run's character tokenizer), token ids (or text of ids) otherwise. Sampling settings are server
 flags (JetStream 0.2.2 has no per-request sampling parameters); max_tokens is per request.
 
 JetStream's driver threads SIGKILL their own process on any exception, so every request is
@@ -27,6 +27,7 @@ from oapl_jax import checkpoints, export, parallel
 from oapl_jax.sampler import jetstream_compat  # noqa: F401  (must precede jetstream.core)
 from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine, load_tokenizer
 from oapl_jax.sampler.settings import SamplingSettings
+from oapl_jax.tasks.char_tokenizer import CharTokenizer
 
 _root_level = logging.getLogger().level
 from jetstream.core import orchestrator  # noqa: E402
@@ -45,17 +46,23 @@ def is_run_dir(path: str) -> bool:
 def _run_engine(run: str, args: argparse.Namespace, cfg, settings: SamplingSettings,
                 **engine_kwargs) -> SamplerEngine:
   """An engine over checkpoint --step (default: the newest) of a run directory, with the run's config
-  (`cfg`; None: the one it recorded). Text needs the HF tokenizer files the run's prompts were encoded
-  with; without them clients send ids, and a sample stops at the run's EOS (unless --stop_tokens says
-  otherwise)."""
+  (`cfg`; None: the one it recorded). Text is encoded as the run's prompts were (HF tokenizer files, or the
+  character tokenizer's HF form, <bos> first); a run whose tokenizer has neither takes token ids, and a sample
+  stops at the run's EOS (unless --stop_tokens says otherwise)."""
   weights = export.read_params(run, args.step, cfg)  # params only, no optimizer state
   cfg = weights.cfg  # typed (run/schema.RunConfig)
-  source = export.tokenizer_source(cfg)
-  tokenizer = load_tokenizer(source) if source else None
+  run_tokenizer = export.run_tokenizer(cfg)
+  source = export.tokenizer_source(run_tokenizer)
+  if source:
+    tokenizer, described = load_tokenizer(source), source
+  elif isinstance(run_tokenizer, CharTokenizer):
+    tokenizer, described = run_tokenizer.to_hf(), f"the {run_tokenizer.name} character tokenizer"
+  else:
+    tokenizer, described = None, "none (token ids)"
   if tokenizer is None and not settings.stop_tokens:
-    settings = settings.replace(stop_tokens=(export.run_tokenizer(cfg).eos_id,))
-  logging.warning("oapl-serve: %s, checkpoint step %d (%d sync windows), tokenizer: %s", run,
-                  weights.step, weights.meta.syncs_done, source or f"none (token ids; stops at {settings.stop_tokens})")
+    settings = settings.replace(stop_tokens=(run_tokenizer.eos_id,))
+  logging.info("oapl-serve: %s, checkpoint step %d (%d sync windows), tokenizer: %s", run,
+               weights.step, weights.meta.syncs_done, described)
   model = weights.model.with_execution(param_dtype=args.dtype, dtype=args.dtype, remat=False)
   return SamplerEngine(model, params=weights.params, tokenizer=tokenizer, settings=settings, **engine_kwargs)
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import arithmetic
+from configs import arithmetic as arithmetic_config
 from oapl_jax import checkpoints, parallel, run_dir, serve
 from oapl_jax.apps import checkpoints as checkpoints_app
 from oapl_jax.apps import eval as eval_app
@@ -17,13 +17,14 @@ from oapl_jax.apps import serve as serve_app
 from oapl_jax.models import hf
 from oapl_jax.rl import trainer
 from oapl_jax.run import assemble, schema
+from oapl_jax.tasks import arithmetic
 
 
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
   """A run directory as loop.train leaves it: config.json and one checkpoint (step 2) of seeded params."""
   root = tmp_path_factory.mktemp("apps")
-  cfg = arithmetic.get_config("smoke")
+  cfg = arithmetic_config.get_config("smoke")
   cfg.eval.update(num_prompts=2, samples=2, ks=(1, 2))
   rc = schema.from_config(cfg)
   layout = parallel.Layout.single_device()
@@ -81,3 +82,7 @@ def test_serve_builds_an_engine_on_the_saved_params(run_path, saved_run, dtype):
   want = engine.sampler.prepare(jax.device_put(params))
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(snapshot), jax.device_get(want))
   assert all(x.dtype == np.dtype(dtype) for x in jax.tree.leaves(snapshot))
+  # Text is encoded as the run's prompts were: <bos>, then the arithmetic characters.
+  assert engine.check_prompt_text("12+34=") == [1, *arithmetic.CharTokenizer().encode("12+34=")]
+  with pytest.raises(serve.InvalidRequest, match="cannot be encoded .*UNK"):
+    engine.check_prompt_text("what is 1+1?")

@@ -1,5 +1,6 @@
-"""oapl_jax.export: a trained arithmetic run exported and run by transformers (greedy generate equal to
-ours), and a run started from an HF checkpoint with a tokenizer (AutoTokenizer round trip, logits)."""
+"""oapl_jax.export: a run exported and run by transformers alone (AutoTokenizer encodes our prompts' ids, greedy
+generate equals ours), a trained arithmetic run likewise, and a run started from an HF checkpoint with a tokenizer
+(AutoTokenizer round trip, logits)."""
 import json
 import os
 
@@ -10,14 +11,77 @@ import torch
 import transformers
 
 from configs import arithmetic
-from oapl_jax.run import assemble
+from oapl_jax.run import assemble, schema
 from oapl_jax import checkpoints, config_base, export, parallel, run_dir
 from oapl_jax.apps import eval as eval_cli
+from oapl_jax.apps import export as export_app
 from oapl_jax.models import factory, hf, qwen
 from oapl_jax.rl import loop, trainer
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
+from oapl_jax.tasks import records_task
+from oapl_jax.tasks.factory import build_task
 from tests.hf_fixtures import make_chat_tokenizer, make_hf_checkpoint
+
+
+def _save_run(workdir: str, cfg, scale: float = 0.3):
+  """A run directory as loop.train leaves it (config.json, a checkpoint at step 2) with random params of std
+  `scale`: logits peaked enough that greedy decoding has no near-ties between JAX and torch."""
+  rc = schema.from_config(cfg)
+  layout = parallel.Layout.single_device()
+  model, params = assemble.build_model(rc, layout)
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda x: (scale * rng.standard_normal(x.shape)).astype(x.dtype), params)
+  state = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
+  saver = checkpoints.Checkpointer(f"{workdir}/checkpoints")
+  saver.save(2, state, checkpoints.Meta(1, 1, 8, rc.seed))
+  saver.close()
+  run_dir.record_config(workdir, cfg)
+  return model, params
+
+
+def test_transformers_alone_encodes_our_prompts_and_answers_as_our_greedy_sampler(tmp_path):
+  cfg = arithmetic.get_config("smoke")
+  cfg.model.overrides["vocab_size"] = 18  # the characters and specials only, so every answer is readable
+  workdir, out = str(tmp_path / "run"), str(tmp_path / "hf")
+  model, params = _save_run(workdir, cfg)
+  info = export.export(workdir, out)
+  assert info["tokenizer"].startswith("the arithmetic character tokenizer") and "<bos> (id 1)" in info["tokenizer"]
+
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+  theirs_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+  task = build_task(schema.from_config(cfg).task)
+  problems = task.eval_sets["held_out"]
+  assert [tokenizer(p.prompt).input_ids for p in problems] == [list(p.prompt_tokens) for p in problems]
+
+  asked = problems[:6]
+  assert len({len(p.prompt) for p in asked}) > 1  # a batch that needs padding (on the left)
+  batch = tokenizer([p.prompt for p in asked], return_tensors="pt", padding=True)
+  with torch.no_grad():  # the export's generation_config: greedy here, its eos and pad ids
+    generated = theirs_model.generate(**batch, do_sample=False, max_new_tokens=6)
+  eos = tokenizer.eos_token_id
+  theirs = [row[:row.index(eos) + 1] if eos in row else row for row in generated[:, batch.input_ids.shape[1]:].tolist()]
+
+  sampler = core.Sampler(model, num_slots=8, max_prefill_length=8, max_new_tokens=6)
+  greedy = SamplingSettings(max_new_tokens=6, temperature=0.0, stop_tokens=(task.tokenizer.eos_id,))
+  ours = rollout.generate_groups(sampler, params, [p.prompt_tokens for p in asked], 1, greedy, seed=0)
+  mine = [ours.response_tokens[i, 0, :ours.lengths[i, 0]].tolist() for i in range(len(asked))]
+  print("prompt | transformers | ours:", *(f"{p.prompt} | {tokenizer.decode(t)!r} | {task.tokenizer.decode(m)!r}"
+                                          for p, t, m in zip(asked, theirs, mine)), sep="\n  ")
+  assert theirs == mine
+  assert len({tuple(m) for m in mine}) > 1  # the answers differ by prompt: a comparison that could fail
+  task.close()
+
+
+def test_printable_tokenizer_exports_every_character():
+  ours = records_task.PrintableTokenizer()
+  theirs = ours.to_hf()
+  text = ours.chars + "<eos>a"
+  assert theirs(text).input_ids == [ours.bos_id, *ours.encode(text)]
+  assert theirs(text, add_special_tokens=False).input_ids == ours.encode(text)
+  assert theirs.decode(theirs(text).input_ids) == ours.decode([ours.bos_id, *ours.encode(text)])
+  with pytest.raises(Exception, match="UNK"):  # no unknown token: a character outside is an error, as ours
+    theirs("é")
 
 
 def _arithmetic_config():
@@ -36,11 +100,12 @@ def test_arithmetic_run_exports_and_transformers_generates_like_us(tmp_path, cap
   run = assemble.setup(cfg, workdir)
   run_dir.record_config(workdir, cfg)  # what main does at start
   loop.train(run)
-  assert export.main([workdir, out]) == 0
+  assert export_app.main([workdir, out]) == 0
   printed = capsys.readouterr().out
   assert "exported step 2 (1 sync windows)" in printed
-  assert "tokenizer: none: the run's tokenizer is oapl_jax.tasks.arithmetic.CharTokenizer" in printed
-  assert not hf.tokenizer_files(out)
+  assert "tokenizer: the arithmetic character tokenizer (oapl_jax.tasks.arithmetic.CharTokenizer)" in printed
+  assert hf.tokenizer_files(out) == ["tokenizer.json", "tokenizer_config.json"]
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
   info = json.load(open(os.path.join(out, "export_info.json")))
   assert info["step"] == 2 and info["token_ids"] == {"eos": 2, "pad": 0, "bos": 1}
 
@@ -60,7 +125,8 @@ def test_arithmetic_run_exports_and_transformers_generates_like_us(tmp_path, cap
   ours = rollout.generate_groups(sampler, run.state.params, [p.prompt_tokens for p in problems], 1, greedy, seed=0)
   stopped = 0
   for i, problem in enumerate(problems):
-    prompt = torch.tensor([problem.prompt_tokens])
+    prompt = tokenizer(problem.prompt, return_tensors="pt").input_ids
+    assert prompt[0].tolist() == list(problem.prompt_tokens)
     with torch.no_grad():
       theirs = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=6)
     theirs = theirs[0, prompt.shape[1]:].tolist()

@@ -48,7 +48,8 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def load_config(source: str, kind: str, cfg):
-  """`cfg` (the --config ConfigDict), else the run's recorded one; an HF source is its model checkpoint."""
+  """`cfg` (the --config ConfigDict), else the run's recorded one; an HF source is its model checkpoint (a config
+  whose model was a preset, as an export's run, keeps none of the preset's overrides: config.json says it all)."""
   if cfg is not None:
     pass
   elif kind == "run":
@@ -56,6 +57,8 @@ def load_config(source: str, kind: str, cfg):
   else:
     raise ValueError(f"{source} is a Hugging Face directory: give the task and eval settings with --config FILE:ARG")
   if kind == "hf":
+    if not cfg.model.checkpoint:
+      cfg.model.overrides = {}
     cfg.model.checkpoint = os.path.abspath(source)
   return cfg
 

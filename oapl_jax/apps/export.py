@@ -3,6 +3,9 @@
   oapl-export runs/demo /tmp/demo_hf                 # the newest checkpoint
   oapl-export runs/demo /tmp/demo_hf --step 40       # a given one (oapl-checkpoints list runs/demo)
   oapl-export RUN_DIR OUT_DIR --config configs/X.py[:ARG]   # a run directory without config.json
+
+The directory loads with transformers alone (AutoTokenizer, AutoModelForCausalLM). Neither the task's data
+nor its reward is read.
 """
 from __future__ import annotations
 
@@ -21,13 +24,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("run_dir", help="a run directory (holds checkpoints/ and config.json)")
   p.add_argument("out_dir", help="the Hugging Face directory to write")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+  p.add_argument("--weights_only", action="store_true",
+                 help="export even when the run's tokenizer cannot be written as HF tokenizer files")
   cli.add_config(p)
   args, cfg = cli.parse(p, argv)
   out_dir = os.path.abspath(os.path.expanduser(args.out_dir))
-  info = export.export(args.run_dir, out_dir, args.step, cfg)
+  info = export.export(args.run_dir, out_dir, args.step, cfg, weights_only=args.weights_only)
   print(f"exported step {info['step']} ({info['syncs_done']} sync windows) of {info['run_dir']} to {out_dir}")
   print(f"  token ids: {info['token_ids']}")
   print(f"  tokenizer: {info['tokenizer']}")
+  if "prompt_suffix" in info:
+    print(f"  prompts: the run appended {info['prompt_suffix']!r} to each before encoding it")
   return 0
 
 

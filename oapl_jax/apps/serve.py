@@ -20,6 +20,7 @@ from oapl_jax.apps import cli
 cli.prepare_host()
 
 from oapl_jax import serve  # noqa: E402
+from oapl_jax.sampler.tokenizers import TokenIdTokenizer  # noqa: E402
 
 
 def parse(argv: Optional[Sequence[str]] = None):
@@ -54,9 +55,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   engine = serve.build_engine(args, cfg)
   server = serve.Server(engine, host=args.host, port=args.port)
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a clean stop on SIGTERM, as on Ctrl-C
+  prompts = "token ids" if isinstance(engine.build_tokenizer(None), TokenIdTokenizer) else "text"
   print(f"oapl-serve: {args.checkpoint} on {server.address} ({engine.mesh.devices.size} device(s), {args.slots} "
-        f"slots, prompts up to {engine.max_prefill_length} tokens, max_tokens up to {engine.max_decode_length})",
-        flush=True)
+        f"slots, {prompts} prompts up to {engine.max_prefill_length} tokens, max_tokens up to "
+        f"{engine.max_decode_length})", flush=True)
   try:
     server.wait_for_termination()
   except KeyboardInterrupt:

@@ -72,9 +72,13 @@ class HFTokenizer(tokenizer_api.Tokenizer):
     self._stop = set(int(t) for t in stop_tokens) if stop_tokens is not None else ({eos} if eos is not None else set())
 
   def prompt_ids(self, s: str) -> list[int]:
-    """What a fresh text request puts before the model: its tokens after the BOS, if there is one."""
+    """What a fresh text request puts before the model: its tokens after the BOS, if there is one. ValueError
+    when the tokenizer cannot encode it (a character tokenizer's character outside its vocabulary)."""
     with self._lock:
-      ids = self.hf.encode(s, add_special_tokens=False)
+      try:
+        ids = self.hf.encode(s, add_special_tokens=False)
+      except Exception as e:  # the `tokenizers` library raises a bare Exception  # pylint: disable=broad-except
+        raise ValueError(f"the text cannot be encoded (a character outside the vocabulary?): {e}") from None
     return ([self.bos_id] if self.bos_id != NO_BOS else []) + [int(t) for t in ids]
 
   def encode(self, s: str, **kwargs):
