@@ -1,8 +1,12 @@
 """Metrics out of a run: clu writers (TensorBoard + console), progress with ETA, a JSONL history,
 and at the end a PNG learning curve and a short summary. Only process 0 writes files."""
+import contextlib
 import json
 import logging
 import os
+import re
+import sys
+import tempfile
 import time
 from typing import Mapping, Optional
 
@@ -23,11 +27,39 @@ class _NoEvents:
     pass
 
 
+# What TensorFlow's C++ prints at import on any host, INFO through absl before absl::InitializeLog (which no
+# environment variable silences): "WARNING: All log messages before absl::InitializeLog() ...", then
+# "I0000 00:00:... port.cc] oneDNN custom operations are on ..." and "cudart_stub.cc] Could not find cuda ...".
+_IMPORT_BANNER = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\)|I\d{4} \S+ +\d+ \S+:\d+\] ")
+
+
+@contextlib.contextmanager
+def native_banners_dropped():
+  """Holds what is written to file descriptor 2 (C++ and Python alike) until the block ends, then writes it
+  back without TensorFlow's import banner (_IMPORT_BANNER lines); warnings and errors pass."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      lines = held.read().decode(errors="replace").splitlines(keepends=True)
+      sys.stderr.write("".join(line for line in lines if not _IMPORT_BANNER.match(line)))
+      sys.stderr.flush()
+
+
 def _events_writer(workdir: Optional[str]):
   """clu's TensorBoard writer for `workdir` (None: one that writes nothing). clu's metric_writers
-  import tensorflow; on a host without it (a GPU image, say) the run goes on with metrics.jsonl only."""
+  import tensorflow (its banner dropped); on a host without it (a GPU image, say) the run goes on with
+  metrics.jsonl only."""
   try:
-    from clu import metric_writers
+    with native_banners_dropped():
+      from clu import metric_writers
   except ImportError as err:
     logging.warning("no TensorBoard events (clu's writers failed to import: %s); metrics.jsonl is written", err)
     return _NoEvents()
@@ -101,8 +133,9 @@ class Reporter:
         f.write(json.dumps({"step": step, **metrics}) + "\n")
 
   def tick(self, step: int, window_end: int) -> None:
-    """Progress within a window (a tqdm bar on a terminal or in a notebook; nothing in plain logs)."""
-    if not self.is_main:
+    """Progress within a window: a tqdm bar on a terminal or in a notebook; nothing in a pipe or a file (the
+    loop's one line per window is the progress there)."""
+    if not self.is_main or not redraws_in_place():
       return
     if self._bar is None:
       from tqdm import auto as tqdm  # pylint: disable=import-outside-toplevel
@@ -131,8 +164,8 @@ class Reporter:
       return [json.loads(line) for line in f if line.strip()]
 
   def finish(self, summary: Mapping[str, object], title: str = "OAPL run summary") -> dict[str, str]:
-    """Writes learning_curve.png and summary.{json,md} (headed `title`); returns their paths (tensorboard: None
-    where no events were written)."""
+    """Writes learning_curve.png and summary.{json,md} (headed `title`; the md adds the wall time, the switches
+    in use and the run's config.yaml); returns their paths (tensorboard: None where no events were written)."""
     self.writer.flush()
     paths = {"tensorboard": None if isinstance(self.writer, _NoEvents) else self.workdir,
              "curve": os.path.join(self.workdir, "learning_curve.png"),
@@ -140,18 +173,69 @@ class Reporter:
     if not self.is_main:
       return paths
     plot_learning_curve(self.history(), paths["curve"])
+    wall = time.perf_counter() - self._start
     with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=2, default=float)
+      json.dump({**summary, "wall_seconds": round(wall, 1)}, f, indent=2, default=float)
     with open(paths["summary"], "w") as f:
       f.write(f"# {title}\n\n")
       for key, value in summary.items():
         f.write(f"- **{key}**: {value:.4g}\n" if isinstance(value, float) else f"- **{key}**: {value}\n")
+      f.write(f"\n## The run\n\n- **wall time**: {_duration(wall)} (this process, from set-up to the end)\n")
+      f.write(config_section(self.workdir))
     return paths
 
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()
     self.writer.close()
+
+
+def _switches(c: Mapping) -> dict[str, str]:
+  """The settings that change what a run is, from its recorded config: in use, or 'off'."""
+  loop, trainer, model, warm = (c.get(k) or {} for k in ("loop", "trainer", "model", "warmstart"))
+  lora = trainer.get("lora") or {}
+  drift, demos, delay = loop.get("refresh_drift"), loop.get("demo_fraction"), loop.get("sampler_delay_windows")
+  return {
+      "loss": trainer.get("loss"),
+      "task": (c.get("task") or {}).get("name"),
+      "model": model.get("checkpoint") or f"preset {model.get('preset')} {model.get('overrides') or ''}".strip(),
+      "sync windows": f"{loop.get('num_syncs')} of L={loop.get('sync_every')} steps",
+      "LoRA": f"rank {lora['rank']}, alpha {lora.get('alpha')}, on {', '.join(lora.get('targets', ()))}"
+              if lora.get("rank") else "off (full fine-tuning)",
+      "adaptive lag": f"a refresh when {loop.get('drift_metric')} > {drift} (L bounds a window)" if drift
+                      else "off (a refresh every L steps)",
+      "demonstrations in RL batches": f"fraction {demos}" if demos else "off",
+      "sampler delay": f"{delay} window(s)" if delay else "off",
+      "warm start": f"{warm['steps']} steps" if warm.get("steps") else "off",
+      "offline": "on" if c.get("offline") else "off",
+  }
+
+
+def config_section(workdir: str) -> str:
+  """summary.md's lines on the run's config (run_dir.record_config's files): links, the switches, the whole
+  config.yaml folded. Empty where no config was recorded."""
+  from oapl_jax import run_dir  # pylint: disable=import-outside-toplevel
+  recorded = run_dir.recorded_config(workdir)
+  if recorded is None:
+    return ""
+  links = ", ".join(f"[{name}]({name})" for name in (run_dir.CONFIG_JSON, run_dir.CONFIG_YAML))
+  lines = [f"- **config**: {links}"]
+  lines += [f"- **{key}**: {value}" for key, value in _switches(recorded).items()]
+  yaml_path = os.path.join(workdir, run_dir.CONFIG_YAML)
+  if os.path.exists(yaml_path):
+    with open(yaml_path) as f:
+      lines += ["", "<details><summary>the whole config</summary>", "", "```yaml", f.read().rstrip(), "```", "",
+                "</details>"]
+  return "\n".join(lines) + "\n"
+
+
+def redraws_in_place() -> bool:
+  """Whether a progress bar redraws in place: stderr is a terminal, or this runs in a notebook's kernel."""
+  if sys.stderr.isatty():
+    return True
+  ipython = sys.modules.get("IPython")
+  shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+  return shell is not None and hasattr(shell, "kernel")
 
 
 def _duration(seconds: float) -> str:
@@ -179,7 +263,8 @@ def plot_learning_curve(history: list[dict], path: str, eval_prefix: Optional[st
   for key in pass_keys:
     axes[0].plot(*_series(history, key), marker="o", label=key[len("eval/"):])
   axes[0].set(title="held-out pass@k (eval sampling)", xlabel="trainer step", ylim=(-0.02, 1.02))
-  axes[0].legend(fontsize=8)
+  if pass_keys:
+    axes[0].legend(fontsize=8)
   for key, label in (("rollout/reward_mean", "sampler reward (train prompts)"),):
     axes[1].plot(*_series(history, key), label=label)
   axes[1].set(title="training reward", xlabel="trainer step", ylim=(-0.02, 1.02))

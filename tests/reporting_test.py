@@ -1,7 +1,8 @@
-"""reporting.Reporter where clu's TensorBoard writers cannot import (a GPU image without tensorflow)."""
+"""reporting.Reporter where clu's TensorBoard writers cannot import (a GPU image without tensorflow), and its summary.md."""
 import json
 import logging
 import os
+import re
 import sys
 
 import clu
@@ -32,3 +33,25 @@ def test_with_clus_writers_events_are_written(tmp_path):
   reporter.close()
   assert paths["tensorboard"] == str(tmp_path)
   assert [n for n in os.listdir(tmp_path) if n.startswith("events.out.tfevents")]
+
+
+def test_summary_says_the_wall_time_the_switches_and_the_config(tmp_path):
+  from configs import arithmetic
+  from oapl_jax import run_dir
+  cfg = arithmetic.get_config("smoke")
+  cfg.trainer.lora.rank = 4
+  cfg.loop.refresh_drift = 0.25
+  run_dir.record_config(str(tmp_path), cfg)
+  reporter = reporting.Reporter(str(tmp_path), total_steps=1)
+  reporter.scalars(1, {"loss": 0.5})
+  reporter.finish({"trainer_steps": 1})
+  reporter.close()
+  summary = open(tmp_path / "summary.md").read()
+  wall = json.load(open(tmp_path / "summary.json"))["wall_seconds"]
+  shown = re.search(r"- \*\*wall time\*\*: (\d+)s \(this process", summary)
+  assert 0 < wall < 60 and shown and abs(int(shown.group(1)) - wall) <= 1
+  assert "- **config**: [config.json](config.json), [config.yaml](config.yaml)" in summary
+  assert "- **LoRA**: rank 4, alpha 16.0, on q_proj, k_proj, v_proj, o_proj" in summary
+  assert f"- **adaptive lag**: a refresh when {cfg.loop.drift_metric} > 0.25 (L bounds a window)" in summary
+  assert "- **demonstrations in RL batches**: off" in summary and "- **task**: arithmetic" in summary
+  assert summary.rstrip().endswith(open(tmp_path / "config.yaml").read().rstrip() + "\n```\n\n</details>")

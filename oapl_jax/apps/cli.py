@@ -4,6 +4,10 @@
     parser = cli.parser("oapl-train", __doc__)
     cli.add_config(parser, default="configs/arithmetic.py")
     args, cfg = cli.parse(parser, argv)        # cfg: the overridden ConfigDict (None without --config)
+
+Import paths in a config ('package.module:function' for task.name or task.reward) resolve from the current
+directory whichever way a command starts: `python -m oapl_jax.apps.eval` puts it first on sys.path, and so does
+prepare_host() for the installed commands (oapl-train, oapl-eval, ...), whose sys.path[0] is their bin/.
 """
 from __future__ import annotations
 
@@ -19,19 +23,39 @@ from typing import Optional, Sequence
 def skip_absent_tpu() -> None:
   """libtpu is installed with the test extras (for the compile check), and JAX then tries, loudly, to
   start a TPU on any host. Where no TPU device node exists and JAX_PLATFORMS is unset, ask for the
-  GPU (if its plugin is installed) and the CPU only. Call before JAX starts."""
+  GPU (if its plugin is installed and an NVIDIA device node exists: else cuInit fails, loudly) and the CPU
+  only. Call before JAX starts."""
   if "JAX_PLATFORMS" in os.environ or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
     return
-  has_cuda = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
-  os.environ["JAX_PLATFORMS"] = "cuda,cpu" if has_cuda else "cpu"
+  has_plugin = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+  has_gpu = bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/dev/dxg"))  # dxg: WSL2's GPU
+  os.environ["JAX_PLATFORMS"] = "cuda,cpu" if has_plugin and has_gpu else "cpu"
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def quiet_native_logs() -> None:
+  """C++ libraries log to stderr past Python's logging: keep their INFO and WARNING lines (TensorFlow's,
+  XLA's, gRPC's banners) off the console; errors still print. reporting.py drops what TensorFlow prints at
+  import regardless (absl's output before InitializeLog). Call before they load; a set variable wins."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+  os.environ.setdefault("GLOG_minloglevel", "2")
+
+
+def import_from_working_directory() -> None:
+  """The current directory first on sys.path, as `python -m` puts it (the module docstring says why)."""
+  if not {"", os.getcwd()} & set(sys.path):
+    sys.path.insert(0, os.getcwd())
+
+
 def prepare_host() -> None:
-  """Every entry point's first call, before JAX starts: skip_absent_tpu(), then, where JAX will run on the
-  CPU only, keep freed host memory for reuse (oapl_jax/host_memory.py: a train step at Qwen3-0.6B width
-  runs ~17% faster on a 2-core VM; resident memory stays near its peak)."""
+  """Every entry point's first call, before JAX starts: import_from_working_directory(), quiet_native_logs(),
+  skip_absent_tpu(), then, where JAX will run on the CPU only, keep freed host memory for reuse
+  (oapl_jax/host_memory.py: a train step at Qwen3-0.6B width runs ~17% faster on a 2-core VM; resident memory
+  stays near its peak)."""
+  import_from_working_directory()
   skip_absent_tpu()
+  quiet_native_logs()
   if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
     from oapl_jax import host_memory  # pylint: disable=import-outside-toplevel
     host_memory.keep_freed_memory()
@@ -85,7 +109,8 @@ def console_logging() -> None:
 
 
 def run(main, argv: Optional[Sequence[str]] = None) -> None:
-  """Exit with main's code; a bad path, config or data is one message (every problem listed), not a traceback."""
+  """Exit with main's code; a bad path, config or data is one message (every problem listed), not a traceback,
+  and Ctrl-C (KeyboardInterrupt) is one line, exit 130 (what the work did on the way out is its own)."""
   from oapl_jax.sections import ConfigError  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.sources import DataError  # pylint: disable=import-outside-toplevel
   from oapl_jax.run_dir import ConfigChanged  # pylint: disable=import-outside-toplevel
@@ -95,4 +120,7 @@ def run(main, argv: Optional[Sequence[str]] = None) -> None:
   except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError) as e:
     print(f"error: {e}", file=sys.stderr)
     code = 2
+  except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    code = 130
   raise SystemExit(code)
