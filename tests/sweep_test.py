@@ -202,7 +202,10 @@ def test_tiny_sweep_runs_reports_and_skips_finished_runs(tmp_path, monkeypatch, 
   assert sweep.main(args) == 0, capsys.readouterr().out
   first = capsys.readouterr().out
   names = sorted(os.listdir(workdir))
-  assert names == ["curves.png", "lr=0.0001,seed=1", "lr=0.0003,seed=1", "results.csv", "results.md"], names
+  assert names == ["curves.png", "lr=0.0001,seed=1", "lr=0.0003,seed=1", "results.csv", "results.md", "warmstart"]
+  warm = os.path.join(workdir, "warmstart")
+  assert {"config.json", "model.safetensors", "sweep_warmstart.json"} <= set(os.listdir(warm))
+  assert open(os.path.join(warm, "build.log")).read().count("$ ") == 1  # made once, by one process
   rows = {r["run"]: r for r in _csv(os.path.join(workdir, "results.csv"))}
   assert set(rows) == {"lr=0.0001,seed=1", "lr=0.0003,seed=1"}
   for name, lr in (("lr=0.0001,seed=1", 1e-4), ("lr=0.0003,seed=1", 3e-4)):
@@ -211,6 +214,11 @@ def test_tiny_sweep_runs_reports_and_skips_finished_runs(tmp_path, monkeypatch, 
       summary = json.load(f)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
       history = [json.loads(line) for line in f]
+    # It loaded the shared warm start and made none of its own (a run's warm start logs warmstart/nll).
+    with open(os.path.join(run_dir, "config.json")) as f:
+      recorded = json.load(f)
+    assert recorded["model"]["checkpoint"] == warm and recorded["warmstart"]["steps"] == 0
+    assert not any("warmstart/nll" in h for h in history)
     # The override reached the run: the trainer's (constant) learning rate is the swept value.
     rates = sorted({h["train/learning_rate"] for h in history if "train/learning_rate" in h})
     assert rates == pytest.approx([lr], rel=1e-6)
@@ -231,6 +239,7 @@ def test_tiny_sweep_runs_reports_and_skips_finished_runs(tmp_path, monkeypatch, 
   assert sweep.main(args) == 0
   second = capsys.readouterr().out
   assert "started" not in second and second.count("finished before, skipped") == 2, second
+  assert "warm start: made before" in second and open(os.path.join(warm, "build.log")).read().count("$ ") == 1
   assert mtimes == {n: os.path.getmtime(os.path.join(workdir, n, "metrics.jsonl")) for n in rows}
   assert _csv(os.path.join(workdir, "results.csv")) == list(rows.values())
   # --print_commands on a finished sweep prints no command either.

@@ -5,7 +5,7 @@
   python -m oapl_jax.apps.sweep --config configs/math.py --workdir /shared/sweep --launcher launch/slurm.sh \
       --launcher_args="--nodes 2 --partition h100 --job-name oapl-{index}"
   python -m oapl_jax.apps.sweep ... --collect          # only rebuild the table and the plot from what exists
-  python -m oapl_jax.apps.sweep ... --config.loop.num_syncs=2   # overrides for every run (not in the names)
+  python -m oapl_jax.apps.sweep ... --config.eval.num_prompts=64   # overrides for every run (not in the names)
 
 `get_hyper(h)` (in the config file, big_vision style) returns a list of override dicts built with
   h.sweep(key, values)  one point per value          h.fixed(key, value)  one point
@@ -278,8 +278,9 @@ def result_row(run: PlannedRun, short: dict, record: dict) -> dict:
     values = [h[key] for h in history if key in h]
     name = key[len("eval/"):]
     start, final = summary.get(f"{key} (start)", values[0]), summary.get(f"{key} (end)", values[-1])
+    policy = [h[f"policy_eval/{name}"] for h in history if f"policy_eval/{name}" in h]
     row.update({f"{name} start": start, f"{name} final": final, f"{name} delta": final - start,
-                f"{name} best": max(values + [h[f"policy_eval/{name}"] for h in history if f"policy_eval/{name}" in h])})
+                f"{name} best": max(values + policy)})
   row["trainer_steps"] = summary.get("trainer_steps", max((h["step"] for h in history), default=0))
   row["wall_seconds"] = round(record["wall_seconds"], 1) if record.get("starts") else float("nan")
   return row
@@ -305,7 +306,8 @@ def write_report(workdir: str, runs: Sequence[PlannedRun], records: dict, notes:
     writer.writeheader()
     writer.writerows(rows)
   with open(paths["markdown"], "w") as f:
-    f.write(f"# Sweep results ({len(rows)} runs)\n\n" + "".join(f"{n}\n\n" for n in notes) + "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n")
+    f.write(f"# Sweep results ({len(rows)} runs)\n\n" + "".join(f"{n}\n\n" for n in notes))
+    f.write("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n")
     for row in rows:
       f.write("| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |\n")
   _plot_curves(paths["curves"], runs)
@@ -325,13 +327,18 @@ def _plot_curves(path: str, runs: Sequence[PlannedRun]) -> None:
     by_set[name] = min(by_set.get(name, key), key, key=lambda s: int(s.rpartition("@")[2]))
   sets = sorted(by_set) or ["(no eval yet)"]
   fig, axes = plt.subplots(1, len(sets), figsize=(7 * len(sets), 4.5), squeeze=False)
+  # runs that differ only by their seed share a colour; the seed picks the line style
+  settings = [json.dumps({k: v for k, v in r.overrides.items() if k != "config.seed"}, default=repr) for r in runs]
+  seeds = [r.overrides.get("config.seed") for r in runs]
   for ax, name in zip(axes[0], sets):
-    for run in runs:
+    for run, setting, seed in zip(runs, settings, seeds):
       rows = [(h["step"], h[by_set[name]]) for h in histories[run.name] if name in by_set and by_set[name] in h]
       if rows:
-        ax.plot(*zip(*rows), marker="o", label=run.name)
+        ax.plot(*zip(*rows), marker="o", label=run.name, color=f"C{list(dict.fromkeys(settings)).index(setting) % 10}",
+                linestyle=("-", "--", ":", "-.")[list(dict.fromkeys(seeds)).index(seed) % 4])
     metric = by_set.get(name, "pass@1").rpartition("/")[2]
-    ax.set(title=f"{name}: {metric} of the {'policy' if prefix == 'policy_eval/' else 'snapshot'} (eval sampling)", xlabel="trainer step", ylabel=metric, ylim=(-0.02, 1.02))
+    of = "the policy" if prefix == "policy_eval/" else "the sampler's snapshot"
+    ax.set(title=f"{name}: {metric} of {of} (eval sampling)", xlabel="trainer step", ylabel=metric, ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -383,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   notes = []
   if runs[0].warmstart and (warm_built or not args.collect):
     warm = sweep_warmstart.ensure(args.config, args.workdir, extra)
-    notes.append(f"Every run loads one warm start ({sweep_warmstart.DIRECTORY}/, made once in {warm['wall_seconds']:.0f}s).")
+    notes.append(f"Every run loads one warm start ({sweep_warmstart.DIRECTORY}/, made once in "
+                 f"{warm['wall_seconds']:.0f}s).")
   outcome = {} if args.collect else run_locally(args.config, runs, args.parallel, extra)
   if not args.collect:
     notes.append(f"Wall time of this invocation: {(time.time() - began) / 60:.1f} min, {args.parallel} run(s) at a "
