@@ -1,12 +1,16 @@
 """The command-line apps on a run directory given as a user types it: relative, or with ~ (issue 27.2),
 and oapl-serve at float32 on a run's (host numpy) params (issue 27.4). A healthy checkpoint is never
-called damaged, and every app reads the same params the run saved."""
+called damaged, and every app reads the same params the run saved. The installed commands on the README's
+own task, from the repo root (issue 41)."""
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
+import transformers
 
 from configs import arithmetic as arithmetic_config
 from oapl_jax import checkpoints, parallel, run_dir, serve
@@ -17,7 +21,7 @@ from oapl_jax.apps import serve as serve_app
 from oapl_jax.models import hf
 from oapl_jax.rl import trainer
 from oapl_jax.run import assemble, schema
-from oapl_jax.tasks import arithmetic
+from oapl_jax.tasks import arithmetic, records_task
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +90,34 @@ def test_serve_builds_an_engine_on_the_saved_params(run_path, saved_run, dtype):
   assert engine.check_prompt_text("12+34=") == [1, *arithmetic.CharTokenizer().encode("12+34=")]
   with pytest.raises(serve.InvalidRequest, match="cannot be encoded .*UNK"):
     engine.check_prompt_text("what is 1+1?")
+
+
+@pytest.mark.slow
+def test_installed_commands_on_the_readmes_own_task_from_the_repo_root(tmp_path):
+  """oapl-train, oapl-eval and oapl-export by their installed names (sys.path[0] is their bin/, not the
+  repo) on configs/own_task.py, whose reward is the import path examples.sort_letters.reward:score."""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  bin_dir, run, out = os.path.dirname(sys.executable), str(tmp_path / "own"), str(tmp_path / "own_hf")
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL")}
+
+  def command(name, *args, cwd=repo):
+    done = subprocess.run([os.path.join(bin_dir, name), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+  trained = command("oapl-train", "--config", "configs/own_task.py:smoke", "--workdir", run,
+                    "--config.warmstart.steps=2", "--config.eval.num_prompts=4", "--config.sampler.num_slots=16")
+  assert "window 1/1 | step 2/2" in trained and "=== OAPL run finished ===" in trained
+  for noise in ("\r", "port.cc", "cudart_stub", "InitializeLog", "cuInit"):  # a piped console: plain lines only
+    assert noise not in trained, noise
+  evaluated = command("oapl-eval", run, "--samples", "2", "--ks", "1,2", "--num_prompts", "4")
+  assert "dev (4 prompts x 2 samples): pass@1=" in evaluated and "test (4 prompts x 2 samples)" in evaluated
+  # From another directory, where neither the reward nor the data could be found: export reads neither.
+  exported = command("oapl-export", run, out, cwd=str(tmp_path))
+  assert "exported step 2 (1 sync windows)" in exported
+
+  with open(os.path.join(repo, "examples/sort_letters/dev.jsonl")) as f:
+    prompt = json.loads(f.readline())["prompt"]
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+  assert tokenizer(prompt).input_ids == [1, *records_task.PrintableTokenizer().encode(prompt)]

@@ -1,4 +1,4 @@
-"""reporting.Reporter where clu's TensorBoard writers cannot import (a GPU image without tensorflow), and its summary.md."""
+"""reporting.Reporter where clu's TensorBoard writers cannot import (a GPU image without tensorflow); summary.md."""
 import json
 import logging
 import os
