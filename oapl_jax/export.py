@@ -97,6 +97,10 @@ def _task_field(cfg, name: str) -> Any:
   return cfg.task.get(name, "") if isinstance(cfg.task, dict) else getattr(cfg.task, name, "")
 
 
+class TokenizerNotExportable(ValueError):
+  """The run's tokenizer has no HF form to write (and the export was not asked for the weights alone)."""
+
+
 # The registered tasks' character tokenizers, by task name ("records" with task.tokenizer="chars").
 CHAR_TOKENIZERS = {"arithmetic": arithmetic.CharTokenizer, "chain": chain_task.CharTokenizer,
                    "code_synthetic": code_task.CodeCharTokenizer, "records": records_task.PrintableTokenizer}
@@ -154,7 +158,7 @@ def generation_fields(cfg, token_ids: hf.TokenIds, source: Optional[str]) -> dic
 
 def export(run: str, out_dir: str, step: Optional[int] = None, cfg=None, weights_only: bool = False) -> dict:
   """Writes the HF directory; returns export_info (also written to OUT_DIR/export_info.json). A tokenizer that is
-  neither an HF one nor a CharTokenizer is refused (ValueError) unless `weights_only`."""
+  neither an HF one nor a CharTokenizer is refused (TokenizerNotExportable) unless `weights_only`."""
   weights = read_params(run, step, cfg)
   cfg = weights.cfg
   tokenizer = run_tokenizer(cfg)
@@ -162,7 +166,7 @@ def export(run: str, out_dir: str, step: Optional[int] = None, cfg=None, weights
   is_chars = isinstance(tokenizer, char_tokenizer.CharTokenizer)
   kind = f"{type(tokenizer).__module__}.{type(tokenizer).__name__}"
   if not (source or is_chars or weights_only):
-    raise ValueError(f"the run's tokenizer ({kind}) has neither Hugging Face tokenizer files nor a character "
+    raise TokenizerNotExportable(f"the run's tokenizer ({kind}) has neither Hugging Face tokenizer files nor a character "
                      f"vocabulary to write, so AutoTokenizer could not load the export; pass --weights_only to "
                      f"write the weights alone")
   token_ids = hf.TokenIds(eos=int(tokenizer.eos_id), pad=int(tokenizer.pad_id),

@@ -19,6 +19,7 @@ from oapl_jax.models import factory, hf, qwen
 from oapl_jax.rl import loop, trainer
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
+from oapl_jax.sampler.tokenizers import TokenIdTokenizer
 from oapl_jax.tasks import records_task
 from oapl_jax.tasks.factory import build_task
 from tests.hf_fixtures import make_chat_tokenizer, make_hf_checkpoint
@@ -71,6 +72,17 @@ def test_transformers_alone_encodes_our_prompts_and_answers_as_our_greedy_sample
   assert theirs == mine
   assert len({tuple(m) for m in mine}) > 1  # the answers differ by prompt: a comparison that could fail
   task.close()
+
+
+def test_a_tokenizer_without_an_hf_form_is_refused_unless_weights_only(tmp_path, monkeypatch, capsys):
+  workdir, out = str(tmp_path / "run"), str(tmp_path / "hf")
+  _save_run(workdir, arithmetic.get_config("smoke"))
+  monkeypatch.setattr(export, "run_tokenizer", lambda cfg: TokenIdTokenizer(stop_tokens=(2,)))  # ids, no vocabulary
+  with pytest.raises(SystemExit):
+    export_app.main([workdir, out])
+  assert "pass --weights_only" in capsys.readouterr().err and not os.path.exists(out)
+  assert export_app.main([workdir, out, "--weights_only"]) == 0
+  assert "tokenizer: none (--weights_only)" in capsys.readouterr().out and not hf.tokenizer_files(out)
 
 
 def test_printable_tokenizer_exports_every_character():

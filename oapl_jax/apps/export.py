@@ -29,7 +29,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   cli.add_config(p)
   args, cfg = cli.parse(p, argv)
   out_dir = os.path.abspath(os.path.expanduser(args.out_dir))
-  info = export.export(args.run_dir, out_dir, args.step, cfg, weights_only=args.weights_only)
+  try:
+    info = export.export(args.run_dir, out_dir, args.step, cfg, weights_only=args.weights_only)
+  except export.TokenizerNotExportable as e:
+    p.error(str(e))
   print(f"exported step {info['step']} ({info['syncs_done']} sync windows) of {info['run_dir']} to {out_dir}")
   print(f"  token ids: {info['token_ids']}")
   print(f"  tokenizer: {info['tokenizer']}")
