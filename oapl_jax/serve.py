@@ -4,8 +4,9 @@
     server = Server(engine, host="127.0.0.1", port=9000)
 
 Clients speak JetStream's `Orchestrator.Decode` (jetstream/core/proto/jetstream.proto): text when
-the model has a tokenizer (HF files, or a run's character tokenizer), token ids (or text of ids) otherwise. Sampling settings are server
-flags (JetStream 0.2.2 has no per-request sampling parameters); max_tokens is per request.
+the model has a tokenizer (HF files, or a run's character tokenizer), token ids (or text of ids)
+otherwise. Sampling settings are server flags (JetStream 0.2.2 has no per-request sampling
+parameters); max_tokens is per request.
 
 JetStream's driver threads SIGKILL their own process on any exception, so every request is
 checked on the gRPC side first (`check_request`): a bad one (empty, too long, ids outside the
