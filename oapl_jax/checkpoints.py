@@ -77,7 +77,9 @@ class Meta:
   drift_seen: int = 0  # 1: the last of them drifted past loop.refresh_drift, so the window ends one step later
 
   def to_json(self) -> dict:
-    return dataclasses.asdict(self)
+    """Fields at their defaults are left out: a boundary save's meta reads as it always has."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default}
 
   @classmethod
   def from_json(cls, values: Any) -> "Meta":
@@ -139,12 +141,17 @@ class _ReportedSaveErrors(logging.Filter):
 
   _ORBAX_SAVE = re.compile(r"_SignalingThread\.run\(\) raised an exception|Failed to run \d+ Handler Commit operations|"
                            r"in background save thread|Save Finalize thread \(\w+\) failed")
+  _ABANDONED_WRITE = re.compile(r"^(_GatheringFuture|Task) exception was never retrieved.*Error writing .* in OCDBT", re.S)
 
   def filter(self, record):
-    return not (record.levelno >= logging.ERROR and self._ORBAX_SAVE.search(record.getMessage()))
+    message = record.getMessage()
+    return not (record.levelno >= logging.ERROR and (self._ORBAX_SAVE.search(message) or
+                                                     self._ABANDONED_WRITE.search(message)))
 
 
 logging.getLogger("absl").addFilter(_ReportedSaveErrors())
+logging.getLogger("asyncio").addFilter(_ReportedSaveErrors())
+
 
 
 # ------------------------------------------------------------------------------ files

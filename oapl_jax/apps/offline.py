@@ -3,6 +3,9 @@
   python -m oapl_jax.apps.offline generate --config configs/code.py:smoke --workdir W [--stage 1]
   python -m oapl_jax.apps.offline train --offline --config configs/code.py:smoke --workdir W [--stage 1]
   python -m oapl_jax.apps.offline run --config configs/code.py:smoke --workdir W    # every stage, with evals
+
+SIGTERM (exit 0) or Ctrl-C (exit 130) stops after the chunk or step in flight, with a save; the same command
+goes on from it.
 """
 from __future__ import annotations
 
@@ -12,10 +15,12 @@ from oapl_jax.apps import cli
 
 cli.prepare_host()
 
+import sys  # noqa: E402
+
 from etils import epath  # noqa: E402
 
-from oapl_jax import checkpoints, distributed  # noqa: E402
-from oapl_jax.rl import offline  # noqa: E402
+from oapl_jax import checkpoints, distributed, run_dir  # noqa: E402
+from oapl_jax.rl import offline, preemption  # noqa: E402
 from oapl_jax.run import assemble, schema  # noqa: E402
 
 
@@ -26,6 +31,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--workdir", required=True, help="checkpoints, rollouts (rollouts/stage-N), logs")
   p.add_argument("--stage", type=int, help="generate/train: the stage (default: the next one)")
   p.add_argument("--offline", action="store_true", help="train: on stored rollouts (required)")
+  p.add_argument("--force_lock", action="store_true",
+                 help="take over the workdir's lock when it names a run on another host that is known to be over")
   args, cfg = cli.parse(p, argv)
   rc = schema.from_config(cfg)
   if rc.offline is None:
@@ -38,26 +45,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.error(f"no checkpoint in {workdir}/checkpoints: run `generate` first")
   cli.console_logging()
   distributed.initialize()
-  run = assemble.setup(rc, workdir)
-  if args.command == "run":
-    summary = offline.run_stages(run, workdir)
-    print("\n=== offline OAPL finished ===")
-    for key, value in summary.items():
-      print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
-    return 0
   try:
-    offline.ensure_start_checkpoint(run)
-    stage = args.stage or run.meta.syncs_done + 1
-    if args.command == "generate":
-      store = offline.generate_stage(run, rc.offline, stage, workdir)
-      print(f"stage {stage}: {store.header.num_prompts} prompts x {store.header.group_size} in {store.directory}")
-    else:
-      stats = offline.train_stage(run, rc.offline, stage, workdir)
-      offline.policy_snapshot(run, stage + 1)
-      print(f"stage {stage}: {stats}; eval after it: {offline.evaluate_policy(run)}")
+    return _command(args, rc, workdir)
+  except (checkpoints.SaveFailed, run_dir.RunDirBusy) as e:  # one line, not a traceback
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+def _command(args, rc, workdir: str) -> int:
+  run = assemble.setup(rc, workdir, force_lock=args.force_lock)
+  stop = preemption.StopFlag(run.placement.trainer.mesh).install()
+  try:
+    if args.command == "run":
+      summary = offline.run_stages(run, workdir, stop)
+      print("\n=== offline OAPL " + (f"stopped by {stop.signal_name} ===" if stop.signal_name else "finished ==="))
+      for key, value in summary.items():
+        print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
+      return preemption.EXIT_CODES.get(stop.signal_name, 0)
+    try:
+      offline.ensure_start_checkpoint(run)
+      stage = args.stage or run.meta.syncs_done + 1
+      if args.command == "generate":
+        store = offline.generate_stage(run, rc.offline, stage, workdir, stop)
+        print(f"stage {stage}: {store.num_complete} of {store.header.num_chunks} chunks of "
+              f"{store.header.chunk_prompts} prompts x {store.header.group_size} in {store.directory}")
+      else:
+        stats = offline.train_stage(run, rc.offline, stage, workdir, stop)
+        if "stopped_at" not in stats:
+          offline.policy_snapshot(run, stage + 1)
+          print(f"stage {stage}: {stats}; eval after it: {offline.evaluate_policy(run)}")
+        else:
+          print(f"stage {stage}: {stats}")
+    finally:
+      offline.close(run)
+    return preemption.EXIT_CODES.get(stop.signal_name, 0)
   finally:
-    offline.close(run)
-  return 0
+    stop.uninstall()
 
 
 def run() -> None:
