@@ -27,6 +27,7 @@ Step time at a stated MFU = model FLOPs / (chips * peak bf16 FLOP/s * MFU).
 import contextlib
 import dataclasses
 import glob
+import importlib.util
 import json
 import math
 import os
@@ -125,14 +126,16 @@ def topology_devices(topology: Topology) -> list:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # do not fight other JAX processes for the lock
   _quiet_libtpu(topology)
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-  host_bounds = (2, 2, 1) if topology.chips_per_slice >= 4 else tuple(map(int, (topology.shape + "x1").split("x")))
+  dims = [int(d) for d in topology.shape.split("x")]
+  host_bounds = (2, 2, 1) if topology.chips_per_slice >= 4 else tuple((dims + [1, 1])[:3])  # one host, 3 axes
   try:
     desc = topologies.get_topology_desc(f"{topology.chip.libtpu_name}:{topology.shape}", "tpu",
                                         chip_config_name=topology.chip.chip_config,
                                         chips_per_host_bounds=host_bounds, num_slices=topology.num_slices)
   except Exception as e:  # noqa: BLE001 - libtpu missing or refusing the shape: say which
     raise RuntimeError(f"libtpu could not describe {topology.name} ({topology.chip.libtpu_name}:{topology.shape}, "
-                       f"{topology.num_slices} slice(s)): {e}. Install it with: pip install 'libtpu==0.0.42.*'") from e
+                       f"{topology.num_slices} slice(s)): {e}" + ("" if importlib.util.find_spec("libtpu") else
+                       ". Install it with: pip install 'libtpu==0.0.42.*'")) from e
   return list(desc.devices)
 
 

@@ -53,6 +53,11 @@ def test_bad_topology_names_are_refused(name):
     cc.parse_topology(name)
 
 
+@pytest.mark.parametrize("name, chips", [("v5p:1x1x1", 1), ("v5p:1x2x1", 2), ("v5e:1x1", 1), ("v6e:2x1", 2)])
+def test_slices_smaller_than_a_host_are_described(name, chips):
+  assert len(cc.topology_devices(cc.parse_topology(name))) == chips
+
+
 def test_libtpu_describes_single_and_multi_slice():
   v5p = cc.topology_devices(cc.parse_topology("v5p-64"))
   assert len(v5p) == 32 and {d.device_kind for d in v5p} == {"TPU v5"}
