@@ -1,11 +1,13 @@
 """SIGTERM and SIGINT stop a run gracefully (rl/preemption.py): the step in flight finishes, a checkpoint is
 saved where the run stands (inside a window too), and the resumed run logs exactly what an uninterrupted one
-does; from the command line SIGTERM exits 0 and SIGINT 130, both with the save."""
+does; one in the final eval ends the run without it; from the command line SIGTERM exits 0 and SIGINT 130,
+both with the save."""
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -48,16 +50,25 @@ def _signal_at(run, step: int, signum=signal.SIGTERM):
   return run
 
 
-@pytest.mark.parametrize("stop_after", [6, pytest.param(8, marks=pytest.mark.slow)])  # window 2 is steps 5..9
-def test_a_stopped_run_resumes_to_the_uninterrupted_metrics(tmp_path, stop_after):
-  full, stopped = str(tmp_path / "full"), str(tmp_path / "stopped")
-  loop.train(assemble.setup(_config(), full))
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+  """The workdir of the uninterrupted run."""
+  workdir = str(tmp_path_factory.mktemp("full"))
+  loop.train(assemble.setup(_config(), workdir))
+  return workdir
+
+
+# window 2 is steps 5..9: a stop inside it, and one after the last step (the final eval is then skipped)
+@pytest.mark.parametrize("stop_after", [6, pytest.param(8, marks=pytest.mark.slow)])
+def test_a_stopped_run_resumes_to_the_uninterrupted_metrics(tmp_path, full, stop_after):
+  stopped = str(tmp_path / "stopped")
   previous = signal.getsignal(signal.SIGTERM)
   summary = loop.train(_signal_at(assemble.setup(_config(), stopped), stop_after))
   assert signal.getsignal(signal.SIGTERM) is previous  # the loop's handler is gone with it
   # the signal lands after step `stop_after` is dispatched; the stop is agreed with the next step
   saved = stop_after + 2
-  assert summary["stopped_by"] == "SIGTERM" and summary["trainer_steps"] == saved and not summary["finished"]
+  assert summary["stopped_by"] == "SIGTERM" and summary["trainer_steps"] == saved
+  assert summary["finished"] == ("final_eval" in summary) == (saved == 10)
   step_dirs = checkpoints.step_dirs(checkpoints.absolute(os.path.join(stopped, "checkpoints")))[0]
   assert sorted(step_dirs) == [5, saved]
   meta = checkpoints.read_meta(step_dirs[saved], saved)
@@ -68,8 +79,37 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_metrics(tmp_path, stop_after
 
   loop.train(assemble.setup(_config(), stopped))
   want, got = _values(full), _values(stopped)
-  assert len(want) > 200 and any(step > saved and key == "train/loss" for step, key, _ in want)
+  assert len(want) > 200 and any(step >= saved and key.startswith(("train/", "eval/")) for step, key, _ in want)
   assert got == want  # bit-identical: every (step, metric, value), each logged once
+
+
+def _signal_in_final_eval(run, signum=signal.SIGTERM):
+  """Sends this process `signum` as the final eval starts: run.evaluate's call on the main thread (on one process
+  the window evals run in the sampler's thread)."""
+  evaluate = run.evaluate
+
+  def signal_then_evaluate(params):
+    if threading.current_thread() is threading.main_thread():
+      os.kill(os.getpid(), signum)
+    return evaluate(params)
+  run.evaluate = signal_then_evaluate
+  return run
+
+
+def test_a_signal_in_the_final_eval_ends_the_run_without_it(tmp_path, full):
+  stopped = str(tmp_path / "stopped")
+  summary = loop.train(_signal_in_final_eval(assemble.setup(_config(), stopped)))
+  assert (summary["stopped_by"], summary["trainer_steps"], summary["finished"]) == ("SIGTERM", 10, True)
+  assert summary["final_eval"] == "skipped: stopped by SIGTERM; the same command runs it"
+  with open(os.path.join(stopped, "summary.json")) as f:
+    written = json.load(f)
+  assert written["final_eval"] == summary["final_eval"] and not any(k.endswith("(end)") for k in written)
+  assert not [k for step, k, _ in _values(stopped) if step == 10 and k.startswith("eval/")]
+  assert sorted(checkpoints.step_dirs(checkpoints.absolute(os.path.join(stopped, "checkpoints")))[0]) == [5, 10]
+
+  summary = loop.train(assemble.setup(_config(), stopped))  # the same call again: only the final eval
+  assert "stopped_by" not in summary and "final_eval" not in summary and "eval/held_out/pass@1 (end)" in summary
+  assert _values(stopped) == _values(full)
 
 
 def _cli(workdir, *extra):

@@ -125,7 +125,8 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
   inline_rollouts: rollouts in the trainer's thread (True) or their own (False); None: `rollouts_inline`.
   max_windows: stop after this many windows of this call (the run stays resumable), e.g. to test a resume.
   SIGTERM or SIGINT (rl/preemption.py) stops the run after the step in flight, with a checkpoint there;
-  the summary then names the signal under `stopped_by`."""
+  the summary then names the signal under `stopped_by`. One after the last step's checkpoint skips (or, on one
+  process, cuts short) the final eval: `stopped_by` again, and `final_eval` says so; the same call runs it."""
   cfg, loop, schedule = run.cfg, run.cfg.loop, run.schedule
   worker = RolloutWorker(run.sampler, run.task, run.buffer, schedule, run.rollout_settings,
                          group_size=loop.group_size, seed=cfg.seed, eval_fn=lambda step: _evaluate(run, step),
@@ -227,8 +228,9 @@ def train(run: Run, on_window=None, inline_rollouts: Optional[bool] = None, max_
     run.state, run.meta = state, meta
     if stop.signal_name is not None and step0 < loop.total_steps:
       logging.warning("stopped by %s after trainer step %d; resume with the same command", stop.signal_name, step0)
-    summary = _finish(run, step0)
-    return {**summary, **({"stopped_by": stop.signal_name} if stop.signal_name and step0 < loop.total_steps else {})}
+    summary = _finish(run, step0, stop)
+    stopped = stop.signal_name and (step0 < loop.total_steps or "final_eval" in summary)
+    return {**summary, **({"stopped_by": stop.signal_name} if stopped else {})}
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
     stop.uninstall()
     worker.stop()
@@ -308,24 +310,37 @@ def _reward_failures(history: list[dict]) -> int:
   return int(sum(h.get("rollout/reward_failures", 0.0) for h in history))
 
 
-def _finish(run: Run, done_steps: int) -> dict:
-  """Final eval of the trained policy, then the PNG curve and summary."""
+def _finish(run: Run, done_steps: int, stop: preemption.StopFlag) -> dict:
+  """Final eval of the trained policy (none once a stop was asked for: `final_eval` says so), then the PNG curve
+  and summary."""
   finished = done_steps >= run.cfg.loop.total_steps
   if finished:
     run.sampler.refresh(run.policy_params(run.state))
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
                              "snapshot_version": run.sampler.snapshot_version, **run.monitor.summary(),
                              "reward_failures": _reward_failures(run.reporter.history())}
-  if finished and run.policy_eval is not None:
-    evaluate_policy(run, done_steps, run.policy_params(run.state))
-  if finished:
-    final = _evaluate(run, done_steps)
-    run.reporter.scalars(done_steps, final)
-    history = run.reporter.history()
-    first = next((h for h in history if any(k.startswith("eval/") for k in h)), {})
-    for key in sorted(k for k in final if "pass@" in k or "reward_mean" in k):
-      summary[f"{key} (start)"] = first.get(key, float("nan"))
-      summary[f"{key} (end)"] = final[key]
+  evaluated = False
+  if finished and not stop.vote()():  # the same answer on every process
+    try:
+      with stop.interrupting():
+        policy = None if run.policy_eval is None else run.policy_eval(run.policy_params(run.state))
+        final = _evaluate(run, done_steps)
+    except preemption.Stopped:
+      pass
+    else:
+      evaluated = True
+      if policy is not None:
+        policy_eval.log(done_steps, policy)
+        run.reporter.scalars(done_steps, policy)
+      run.reporter.scalars(done_steps, final)
+      history = run.reporter.history()
+      first = next((h for h in history if any(k.startswith("eval/") for k in h)), {})
+      for key in sorted(k for k in final if "pass@" in k or "reward_mean" in k):
+        summary[f"{key} (start)"] = first.get(key, float("nan"))
+        summary[f"{key} (end)"] = final[key]
+  if finished and not evaluated:
+    summary["final_eval"] = f"skipped: stopped by {stop.signal_name}; the same command runs it"
+    logging.warning("final eval %s", summary["final_eval"])
   paths = run.reporter.finish(summary, title=f"{run.cfg.trainer.loss.upper()} run summary")
   summary["paths"] = {**paths, "checkpoints": run.checkpointer.directory}
   return summary

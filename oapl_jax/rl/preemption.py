@@ -6,13 +6,15 @@
 
 The first signal only sets a flag and logs one line; the loop then finishes the step in flight, saves a
 checkpoint where it stands (inside a window too: checkpoints.py) and writes its summary. A second signal
-gets the default action (the run ends at once, no save).
+gets the default action (the run ends at once, no save). Work with nothing to save (the final eval, after the
+last checkpoint) runs inside `stop.interrupting()`, where on one process the first signal raises Stopped at once.
 
 Several processes (jax.distributed) must stop after the same step, whichever of them got the signal and
 when: each step's vote is the max of every process's flag, one tiny all-reduce over the trainer's devices,
 dispatched behind the step and read only when that step's metrics are (so the trainer never waits on it).
 One process: the vote is the local flag, no device work.
 """
+import contextlib
 import functools
 import logging
 import signal
@@ -28,12 +30,17 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_CODES = {"SIGTERM": 0, "SIGINT": 130}  # what a command exits with after a stop (SIGINT: the shell's 128 + 2)
 
 
+class Stopped(Exception):
+  """A signal ended work inside StopFlag.interrupting()."""
+
+
 class StopFlag:
   """Signal handlers that set a flag, and the cross-process agreement on it (see the module docstring)."""
 
   def __init__(self, mesh: Optional[jax.sharding.Mesh] = None):
     self.signal_name: Optional[str] = None  # the signal that asked for the stop (this process's)
     self._previous: dict[int, Any] = {}
+    self._interrupting = False
     self._collective = mesh is not None and jax.process_count() > 1
     if self._collective:
       devices = mesh.devices.flatten()
@@ -56,12 +63,26 @@ class StopFlag:
     self.signal_name = signal.Signals(signum).name
     for s, handler in self._previous.items():  # a second signal acts at once, as it would have
       signal.signal(s, handler)
+    if self._interrupting:
+      logging.warning("%s received: stopping the final eval (the trained state is checkpointed; the same command "
+                      "runs the eval)", self.signal_name)
+      raise Stopped(self.signal_name)
     logging.warning("%s received: finishing the step in flight, then saving a checkpoint and stopping "
                     "(send it again to stop at once, without a save)", self.signal_name)
 
   def request(self, name: str = "SIGTERM") -> None:
     """As if `name` had arrived (tests, notebooks)."""
     self.signal_name = name
+
+  @contextlib.contextmanager
+  def interrupting(self):
+    """Inside, a signal raises Stopped where the main thread is. One process only: with several, it only sets
+    the flag (one process leaving a collective early would leave the others waiting in it)."""
+    self._interrupting = not self._collective
+    try:
+      yield
+    finally:
+      self._interrupting = False
 
   @property
   def requested(self) -> bool:
