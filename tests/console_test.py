@@ -1,6 +1,6 @@
 """What a command prints: no C++ import banners, no progress-bar frames in a pipe or a file, one line for Ctrl-C,
-and import paths that resolve from the current directory under the installed commands (apps/cli.py,
-reporting.py)."""
+a failed save or a busy workdir, and import paths that resolve from the current directory under the installed
+commands (apps/cli.py, reporting.py)."""
 import importlib
 import os
 import subprocess
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from oapl_jax import reporting
+from oapl_jax import checkpoints, reporting, run_dir
 from oapl_jax.apps import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,6 +55,24 @@ def test_interrupt_is_one_line_and_exit_130(capsys):
   with pytest.raises(SystemExit) as done:
     cli.run(main)
   assert done.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize("error,code", [
+    (checkpoints.SaveFailed(5, "/w/checkpoints/5", "No space left on device"), 1),
+    (run_dir.RunDirBusy("/w is in use by pid 7 on host h"), 2)])
+def test_a_failed_save_or_a_busy_workdir_is_one_line(capsys, error, code):
+  def main(argv):
+    raise error
+  with pytest.raises(SystemExit) as done:
+    cli.run(main)
+  assert done.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+
+
+def test_other_errors_pass_through():
+  def main(argv):
+    raise RuntimeError("a bug")
+  with pytest.raises(RuntimeError, match="a bug"):
+    cli.run(main)
 
 
 def test_import_paths_resolve_from_the_working_directory(tmp_path, monkeypatch):

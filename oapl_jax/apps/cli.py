@@ -109,18 +109,29 @@ def console_logging() -> None:
 
 
 def run(main, argv: Optional[Sequence[str]] = None) -> None:
-  """Exit with main's code; a bad path, config or data is one message (every problem listed), not a traceback,
-  and Ctrl-C (KeyboardInterrupt) is one line, exit 130 (what the work did on the way out is its own)."""
+  """Exit with main's code; a bad path, config or data, or a workdir another run holds, is one message (every
+  problem listed), exit 2, not a traceback; a checkpoint that could not be written (a full disk) one line, exit 1;
+  Ctrl-C (KeyboardInterrupt) one line, exit 130 (what the work did on the way out is its own)."""
   from oapl_jax.sections import ConfigError  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.sources import DataError  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run_dir import ConfigChanged  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run_dir import ConfigChanged, RunDirBusy  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.base import RewardError  # pylint: disable=import-outside-toplevel
   try:
     code = main(argv)
-  except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError) as e:
+  except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError, RunDirBusy) as e:
     print(f"error: {e}", file=sys.stderr)
     code = 2
   except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
     code = 130
+  except _save_failed() as e:
+    print(f"error: {e}", file=sys.stderr)
+    code = 1
   raise SystemExit(code)
+
+
+def _save_failed():
+  """checkpoints.SaveFailed where that module is loaded (only then can it be raised; no orbax import for the
+  commands that never save), else nothing to catch."""
+  module = sys.modules.get("oapl_jax.checkpoints")
+  return module.SaveFailed if module is not None else ()

@@ -15,11 +15,9 @@ from oapl_jax.apps import cli
 
 cli.prepare_host()
 
-import sys  # noqa: E402
-
 from etils import epath  # noqa: E402
 
-from oapl_jax import checkpoints, distributed, run_dir  # noqa: E402
+from oapl_jax import checkpoints, distributed  # noqa: E402
 from oapl_jax.rl import offline, preemption  # noqa: E402
 from oapl_jax.run import assemble, schema  # noqa: E402
 
@@ -45,11 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.error(f"no checkpoint in {workdir}/checkpoints: run `generate` first")
   cli.console_logging()
   distributed.initialize()
-  try:
-    return _command(args, rc, workdir)
-  except (checkpoints.SaveFailed, run_dir.RunDirBusy) as e:  # one line, not a traceback
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  return _command(args, rc, workdir)  # SaveFailed, RunDirBusy: one line from cli.run
 
 
 def _command(args, rc, workdir: str) -> int:

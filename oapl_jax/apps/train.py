@@ -5,12 +5,13 @@
   oapl-train --config configs/own_task.py --workdir runs/own --dry_run    # check config and data, build nothing
 
 SIGTERM (exit 0) or Ctrl-C (exit 130) stops the run after the step in flight with a checkpoint there; the same
-command resumes it exactly. A second run in the same workdir is refused (run_dir.RunLock).
+command resumes it exactly. One during the final eval ends the run without it (the summary says so; the same
+command runs it). A second run in the same workdir is refused (run_dir.RunLock, exit 2); a checkpoint that
+cannot be written stops the run (exit 1).
 """
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Optional, Sequence
 
 from oapl_jax.apps import cli
@@ -19,7 +20,7 @@ cli.prepare_host()
 
 import jax  # noqa: E402
 
-from oapl_jax import checkpoints, distributed, run_dir  # noqa: E402
+from oapl_jax import distributed  # noqa: E402
 from oapl_jax.rl import loop, preemption  # noqa: E402
 from oapl_jax.run import assemble, check, schema  # noqa: E402
 
@@ -49,11 +50,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   local_ids = [int(i) for i in args.local_device_ids.split(",")] if args.local_device_ids else None
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id, local_ids)
   logging.info("distributed: %s", distributed.describe())
-  try:
-    summary = loop.train(assemble.setup(rc, args.workdir, args.allow_config_changes, args.force_lock))
-  except (checkpoints.SaveFailed, run_dir.RunDirBusy) as e:  # one line, not a traceback
-    print(f"error: {e}", file=sys.stderr)
-    return 1
+  summary = loop.train(assemble.setup(rc, args.workdir, args.allow_config_changes, args.force_lock))
   stopped_by = summary.get("stopped_by")
   if jax.process_index() == 0:
     print(f"\n=== {rc.trainer.loss.upper()} run " + (f"stopped by {stopped_by} (resume with the same command) ==="
