@@ -3,10 +3,14 @@ the sampler on its own devices (mesh.sampler_devices=4: 2 of every process's 4, 
 
 Checked against a one-process run of the same config and seed on 8 devices (trainer on 4, sampler on
 the other 4): every logged loss agrees; only process 0 writes reports; all processes killed with
-kill -9 mid-run and restarted resume from the collective checkpoint to the same final metrics.
+kill -9 mid-run and restarted resume from the collective checkpoint to the same final metrics; SIGTERM
+mid-window (to both processes at once, or to one a step before the other) stops both after the same step
+with one checkpoint there, exit 0, and the resumed run logs what the uninterrupted one did.
 
 The test runs this file as a script, once per process:
-  python tests/multiprocess_loop_test.py --worker PORT NUM_PROCESSES PROCESS_ID WORKDIR RESULTS_DIR
+  python tests/multiprocess_loop_test.py --worker PORT NUM_PROCESSES PROCESS_ID WORKDIR RESULTS_DIR [WAIT_AT]
+WAIT_AT: right after dispatching that trainer step (counted from the run's first), wait for this process's
+SIGTERM (the test sends it once `waiting<PROCESS_ID>` appears in RESULTS_DIR).
 """
 import dataclasses
 import json
@@ -15,7 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -43,7 +49,8 @@ def shaped_task(cfg):
 
 
 def loop_config():
-  """configs/arithmetic.py:smoke, smaller, 3 windows of 2 steps, a checkpoint after every window."""
+  """configs/arithmetic.py:smoke, smaller, 2 windows of 3 steps (a stop can fall inside one), a checkpoint after
+  every window."""
   from configs import arithmetic  # pylint: disable=import-outside-toplevel
   c = arithmetic.get_config("smoke")
   c.model.overrides.update(hidden_size=64, intermediate_size=256, head_dim=16)
@@ -51,7 +58,7 @@ def loop_config():
   c.warmstart.steps = 0
   c.sampler.update(num_slots=32, max_new_tokens=4, grow_cache=False)
   c.eval.update(num_prompts=8, samples=2, ks=(1, 2), max_new_tokens=4)
-  c.loop.update(sync_every=2, num_syncs=3, eval_every_syncs=4)
+  c.loop.update(sync_every=3, num_syncs=2, eval_every_syncs=4)
   c.checkpoint.every_syncs = 1
   c.mesh.update(sampler_devices=4)
   return c
@@ -75,13 +82,35 @@ class _Writes:
       self.paths.append(os.path.abspath(args[0]))
 
 
-def _worker(port: int, num_processes: int, process_id: int, workdir: str, results: str):
+def _wait_for_signal_at(run, step: int, results: str, process_id: int):
+  """run.train_step that, once it has dispatched trainer step `step`, marks `waiting<process_id>` and returns only
+  once the loop's signal handler has run (rl/preemption.py): the signal lands at a known step."""
+  from oapl_jax.rl import preemption  # pylint: disable=import-outside-toplevel
+  received, handle, train_step, calls = threading.Event(), preemption.StopFlag._handle, run.train_step, [0]
+
+  def handle_and_mark(self, signum, frame):
+    handle(self, signum, frame)
+    received.set()
+
+  def step_then_wait(state, batch, rng):
+    out = train_step(state, batch, rng)
+    if calls[0] == step:
+      open(os.path.join(results, f"waiting{process_id}"), "w").close()
+      assert received.wait(timeout=600), "no signal came"
+    calls[0] += 1
+    return out
+  preemption.StopFlag._handle = handle_and_mark
+  run.train_step = step_then_wait
+  return run
+
+
+def _worker(port: int, num_processes: int, process_id: int, workdir: str, results: str, wait_at: int = -1) -> int:
   sys.path.insert(0, REPO)
   writes = _Writes()
   import jax  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_default_matmul_precision", "highest")
   from oapl_jax import distributed, reporting  # pylint: disable=import-outside-toplevel
-  from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
+  from oapl_jax.rl import loop, preemption  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble  # pylint: disable=import-outside-toplevel
   distributed.initialize(f"127.0.0.1:{port}", num_processes, process_id)
   logged = []
@@ -92,7 +121,8 @@ def _worker(port: int, num_processes: int, process_id: int, workdir: str, result
     write_scalars(self, step, metrics)
 
   reporting.Reporter.scalars = scalars
-  summary = loop.train(assemble.setup(loop_config(), workdir))
+  run = assemble.setup(loop_config(), workdir)
+  summary = loop.train(run if wait_at < 0 else _wait_for_signal_at(run, wait_at, results, process_id))
   writes.on = False
   transfers = _check_transfers()
   with open(os.path.join(results, f"process{process_id}.json"), "w") as f:
@@ -100,6 +130,7 @@ def _worker(port: int, num_processes: int, process_id: int, workdir: str, result
                "summary": {k: v for k, v in summary.items() if k != "paths"}}, f)
   if num_processes > 1:
     jax.distributed.shutdown()
+  return preemption.EXIT_CODES.get(summary.get("stopped_by"), 0)  # as apps/train.py
 
 
 def _check_transfers() -> dict:
@@ -123,8 +154,8 @@ def _check_transfers() -> dict:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-  _worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
-  sys.exit(0)
+  sys.exit(_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6],
+                   *map(int, sys.argv[7:8])))
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -134,7 +165,8 @@ def _free_port() -> int:
     return sock.getsockname()[1]
 
 
-def _start(num_processes: int, workdir, results) -> list[subprocess.Popen]:
+def _start(num_processes: int, workdir, results, wait_at=()) -> list[subprocess.Popen]:
+  """wait_at[i]: the trainer step after which process i waits for its SIGTERM (_wait_for_signal_at)."""
   port = _free_port() if num_processes > 1 else 0
   env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "JAX_", "XLA_"))}
   env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES // num_processes}"
@@ -142,7 +174,7 @@ def _start(num_processes: int, workdir, results) -> list[subprocess.Popen]:
              TF_CPP_MIN_LOG_LEVEL="3")
   os.makedirs(results, exist_ok=True)
   return [subprocess.Popen([sys.executable, __file__, "--worker", str(port), str(num_processes), str(i), str(workdir),
-                            str(results)], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            str(results), *map(str, wait_at[i:i + 1])], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                            stderr=open(os.path.join(results, f"process{i}.log"), "w"))
           for i in range(num_processes)]
 
@@ -242,3 +274,58 @@ def test_killed_processes_resume_to_the_uninterrupted_metrics(uninterrupted, tmp
   logged = [(h["step"], k) for h in on_disk for k in h if k != "step"]
   assert len(logged) == len(set(logged))  # steps re-run after the restore replaced the killed run's points
   assert _series(on_disk, "train/loss") == _series(want["logged"], "train/loss")
+
+
+def _values(workdir) -> list[tuple]:
+  """Every (step, metric, value) in metrics.jsonl but wall-clock times, in a canonical order."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return sorted((h["step"], k, v) for h in rows for k, v in h.items()
+                if k != "step" and not k.endswith(("seconds", "tokens_per_second")))
+
+
+def _signal_when_waiting(procs, results, process_id: int, timeout=600) -> None:
+  marker, deadline = os.path.join(results, f"waiting{process_id}"), time.time() + timeout
+  while not os.path.exists(marker) and time.time() < deadline and all(p.poll() is None for p in procs):
+    time.sleep(0.05)
+  assert os.path.exists(marker), f"process {process_id} never reached its step"
+  os.kill(procs[process_id].pid, signal.SIGTERM)
+
+
+# (process_id, step after which it gets SIGTERM) in the order sent; the first vote that saw a signal stops both
+# after the next step: inside window 1 (steps 0-2) at 2, inside window 2 (steps 3-5) at 5
+@pytest.mark.parametrize("signals,saved", [(((0, 3), (1, 3)), 5),
+                                           pytest.param(((1, 0), (0, 1)), 2, marks=pytest.mark.slow)],
+                         ids=["both", "one-first"])
+def test_sigterm_stops_both_processes_at_one_step_and_resumes_exactly(uninterrupted, tmp_path, signals, saved):
+  workdir, results = tmp_path / "stopped", tmp_path / "results"
+  wait_at = [step for _, step in sorted(signals)]
+  procs = _start(2, workdir, results, wait_at)
+  try:
+    for process_id, _ in signals:
+      _signal_when_waiting(procs, results, process_id)
+  except BaseException:
+    for proc in procs:
+      proc.kill()
+    raise
+  stopped = _finish(procs, results)  # fails unless both exit 0
+  for i, process in enumerate(stopped):
+    with open(os.path.join(results, f"process{i}.log")) as f:
+      log = f.read()
+    assert log.count("SIGTERM received: finishing the step in flight") == 1, log[-3000:]
+    assert f"stopped by SIGTERM after trainer step {saved}" in log, log[-3000:]
+    summary = process["summary"]
+    assert (summary["stopped_by"], summary["trainer_steps"], summary["finished"]) == ("SIGTERM", saved, False)
+  assert _committed_steps(workdir) == {3, saved} if saved > 3 else {saved}  # window 1's end, then the stop's
+  from oapl_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  step_dir = checkpoints.step_dirs(checkpoints.absolute(str(workdir / "checkpoints")))[0][saved]
+  meta = checkpoints.read_meta(step_dir, saved)
+  assert (meta.syncs_done, meta.window_steps_done) == (saved // 3, saved % 3) and saved % 3
+  assert os.path.isdir(os.path.join(step_dir, "sampler"))  # the window's snapshot, saved with it
+  resumed = _finish(_start(2, workdir, tmp_path / "resumed"), tmp_path / "resumed")
+  assert all(process["summary"]["finished"] and "stopped_by" not in process["summary"] for process in resumed)
+  want, got = _values(uninterrupted["two_dir"]), _values(workdir)
+  assert len(want) > 50 and any(step >= saved and key == "train/loss" for step, key, _ in want)
+  differ = sum(((Counter(want) - Counter(got)) + (Counter(got) - Counter(want))).values())
+  print(f"\n{len(want)} (step, metric, value) compared after a stop at step {saved}: {differ} differ")
+  assert got == want
