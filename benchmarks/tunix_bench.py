@@ -168,11 +168,10 @@ def bench_train(pythons, checkpoint, data, args):
     for side in ("ours", "tunix") if pair % 2 == 0 else ("tunix", "ours"):
       print(f"[train pair {pair + 1}/{args.train_pairs}] {side} ...", flush=True)
       w = Worker(pythons[side], side, "train", checkpoint, data, ["--malloc", args.malloc])
-      losses = [w.ready["first"][1:]] + [tuple(w.ask(f"run {s}")[k] for k in ("loss", "grad_norm"))
-                                         for s in range(args.train_steps)]
-      steps[side].append(statistics.median(w.ask(f"run {s}")["seconds"] for s in range(args.train_steps)))
+      runs = [w.ask(f"run {s}") for s in range(args.train_steps)]
+      steps[side].append(statistics.median(r["seconds"] for r in runs))
       peaks[side].append(w.ask("stats")["peak_rss_gb"])
-      first.setdefault(side, losses[:2])
+      first.setdefault(side, [w.ready["first"][1:], (runs[0]["loss"], runs[0]["grad_norm"])])
       w.close()
   return (pair_summary(steps["ours"], steps["tunix"], higher_is_better=False),
           pair_summary(peaks["ours"], peaks["tunix"], higher_is_better=False), first)
