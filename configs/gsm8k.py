@@ -32,7 +32,10 @@ def get_config(arg: str = "") -> ConfigDict:
   c.trainer.loss_settings.oapl.update(beta1=1.0, beta2=1e-2)
   c.trainer.optim.update(lr=1e-6, b1=0.9, b2=0.95, max_grad_norm=1.0)
   c.trainer.micro_batches = 8
-  c.sampler.update(num_slots=256, max_prefill_length=512, max_new_tokens=1024, dtype="bfloat16")
+  # 128 slots so one 80 GB GPU holds it: the compile check for one v5p chip (c9cde7f) puts the decode at 43.4 GiB
+  # with 128 slots and 85.5 GiB with 256 (a KV cache of 1,536 positions per slot, and a second copy inside the step);
+  # the train step at 31.9 GiB. On a slice, raise it: --config.sampler.num_slots=256.
+  c.sampler.update(num_slots=128, max_prefill_length=512, max_new_tokens=1024, dtype="bfloat16")
   c.loop.update(sync_every=20, num_syncs=25, batch_prompts=64, prompts_per_rollout=64, group_size=8,
                 steps_per_rollout=1, eval_every_syncs=5)
   c.eval.update(num_prompts=1319, samples=4, ks=(1, 4), max_new_tokens=1024)
