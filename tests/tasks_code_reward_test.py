@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
-from oapl_jax.tasks import code_reward, sandbox
+from oapl_jax.tasks import code_reward, output_match, sandbox
 
 
 def fenced(code: str, tag: str = "python") -> str:
@@ -76,13 +76,13 @@ def test_extract_code_takes_the_last_block():
 
 
 def test_stdout_matching_rule():
-  assert code_reward.stdout_matches("3 \n4\n\n", "3\n4")
-  assert code_reward.stdout_matches("1.50 2\n", "1.5 2.0")  # equal as Decimals
-  assert not code_reward.stdout_matches("3\n4\n5", "3\n4")
-  assert not code_reward.stdout_matches("3 4", "3\n4")
-  assert not code_reward.stdout_matches("1.5000001", "1.5")
-  assert not code_reward.stdout_matches("yes", "YES")
-  assert not code_reward.stdout_matches("sNaN", "NaN") and not code_reward.stdout_matches("nan", "nan 1")
+  assert output_match.stdout_matches("3 \n4\n\n", "3\n4")
+  assert output_match.stdout_matches("1.50 2\n", "1.5 2.0")  # equal as Decimals
+  assert not output_match.stdout_matches("3\n4\n5", "3\n4")
+  assert not output_match.stdout_matches("3 4", "3\n4")
+  assert not output_match.stdout_matches("1.5000001", "1.5")
+  assert not output_match.stdout_matches("yes", "YES")
+  assert not output_match.stdout_matches("sNaN", "NaN") and not output_match.stdout_matches("nan", "nan 1")
 
 
 def test_parses_each_dataset_format():
@@ -329,8 +329,8 @@ def test_bounded_stdout_matching_agrees_with_the_unbounded_rule_on_plausible_out
         rng.choice(["", "\n", "\n\n"])
     want_text = "\n".join(" ".join(l) for l in want) + "\n"
     verdict = _livecodebench_rule(got_text, want_text)
-    assert code_reward.stdout_matches(got_text, want_text) == verdict, (got_text, want_text)
-    assert code_reward.stdout_matches(got_text.encode(), want_text) == verdict
+    assert output_match.stdout_matches(got_text, want_text) == verdict, (got_text, want_text)
+    assert output_match.stdout_matches(got_text.encode(), want_text) == verdict
     verdicts.add(verdict)
   assert verdicts == {True, False}
 
@@ -348,8 +348,8 @@ def test_a_flood_costs_the_grader_a_multiple_of_the_expected_output_not_of_the_f
   suite = code_reward.TestSuite(None, ("",), (expected,))
   result = sandbox.RunResult("ok", 0, None, b"0 ok 0.1 %d\n" % len(flood) + flood, b"", 0.1, 0.1)
   parsed = []
-  decimals = code_reward._decimals  # pylint: disable=protected-access
-  monkeypatch.setattr(code_reward, "_decimals", lambda line: parsed.append(len(line)) or decimals(line))
+  decimals = output_match._decimals  # pylint: disable=protected-access
+  monkeypatch.setattr(output_match, "_decimals", lambda line: parsed.append(len(line)) or decimals(line))
   tracemalloc.start()
   try:
     assert code_reward.grade(suite, result, partial_credit=False) == (0.0, False)
