@@ -167,14 +167,16 @@ def bench_train(pythons, checkpoint, data, args):
   for pair in range(args.train_pairs):
     for side in ("ours", "tunix") if pair % 2 == 0 else ("tunix", "ours"):
       print(f"[train pair {pair + 1}/{args.train_pairs}] {side} ...", flush=True)
-      w = Worker(pythons[side], side, "train", checkpoint, data, ["--malloc", args.malloc])
+      keep = ["--keep_logits"] if args.keep_logits and side == "ours" else []
+      w = Worker(pythons[side], side, "train", checkpoint, data, ["--malloc", args.malloc, *keep])
       runs = [w.ask(f"run {s}") for s in range(args.train_steps)]
       steps[side].append(statistics.median(r["seconds"] for r in runs))
       peaks[side].append(w.ask("stats")["peak_rss_gb"])
       first.setdefault(side, [w.ready["first"][1:], (runs[0]["loss"], runs[0]["grad_norm"])])
       w.close()
+  print(f"train s/step per process, in pair order: ours {steps['ours']}, Tunix {steps['tunix']}", flush=True)
   return (pair_summary(steps["ours"], steps["tunix"], higher_is_better=False),
-          pair_summary(peaks["ours"], peaks["tunix"], higher_is_better=False), first)
+          pair_summary(peaks["ours"], peaks["tunix"], higher_is_better=False), first, steps)
 
 
 def main(argv=None):
@@ -192,6 +194,8 @@ def main(argv=None):
   ap.add_argument("--train_pairs", type=int, default=3, help="(ours, Tunix) process pairs, alternating order")
   ap.add_argument("--malloc", choices=["keep", "default"], default="keep",
                   help="both workers' glibc malloc policy (tunix_worker --malloc)")
+  ap.add_argument("--keep_logits", action="store_true",
+                  help="our train step with model.logprob_recompute=False (Tunix keeps its logits too)")
   ap.add_argument("--out", help="also write the markdown table here")
   args = ap.parse_args(argv)
   pythons = {"ours": sys.executable, "tunix": tunix_python()}
@@ -230,7 +234,9 @@ def main(argv=None):
       noise = np.random.default_rng(1).uniform(-0.3, 0.3, mask.shape)
       batch["old_logp"] = np.where(mask, ours_logp + noise, 0.0).astype(np.float32)
       np.savez(data, **batch)
-      step, peak, first = bench_train(pythons, checkpoint, data, args)
+      step, peak, first, per_pair = bench_train(pythons, checkpoint, data, args)
+      notes.append("train s/step by pair: " + "; ".join(
+          f"ours {a:.2f}, Tunix {b:.2f}" for a, b in zip(per_pair["ours"], per_pair["tunix"])))
       flops = compile_check.train_flops(config, B * G, T)["model"]
       rows.append((f"GRPO train step, {B}x{G}x{T}", "s/step", step, flops / step["ours"], flops / step["tunix"]))
       rows.append((f"train peak RSS, {B}x{G}x{T}", "GB", peak, None, None))
@@ -246,7 +252,7 @@ def main(argv=None):
   header = (f"cpu: {ceiling.cpu_description()}; load average {' '.join(load)} at the end\n"
             f"compute ceiling (best f32 matmul): jax {peak_flops['jax']:.1f}, torch {peak_flops['torch']:.1f} "
             f"GFLOP/s\n{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}, float32; "
-            f"malloc: {args.malloc}")
+            f"malloc: {args.malloc}; our logprob_recompute: {not args.keep_logits}")
   print(header, table, *notes, sep="\n")
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
