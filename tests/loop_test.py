@@ -11,7 +11,7 @@ import pytest
 from configs import arithmetic
 from oapl_jax import reporting
 from oapl_jax.run import assemble
-from oapl_jax.rl import loop
+from oapl_jax.rl import loop, preemption
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.monitors import HealthMonitor, MonitorConfig
 
@@ -109,7 +109,7 @@ def _stopped_run(workdir, loss):
 def test_the_summary_is_titled_with_the_runs_loss(tmp_path):
   for loss in ("grpo", "oapl"):
     run = _stopped_run(str(tmp_path / loss), loss)
-    loop._finish(run, 5)  # pylint: disable=protected-access
+    loop._finish(run, 5, preemption.StopFlag())  # pylint: disable=protected-access
     run.reporter.close()
     with open(tmp_path / loss / "summary.md") as f:
       assert f.readline() == f"# {loss.upper()} run summary\n"
@@ -117,7 +117,7 @@ def test_the_summary_is_titled_with_the_runs_loss(tmp_path):
 
 def test_the_summary_counts_failed_rewards_over_the_kept_history(tmp_path):
   def summary_json(run):
-    loop._finish(run, 5)  # pylint: disable=protected-access
+    loop._finish(run, 5, preemption.StopFlag())  # pylint: disable=protected-access
     run.reporter.close()
     with open(os.path.join(run.reporter.workdir, "summary.json")) as f:
       return json.load(f)
