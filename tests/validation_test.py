@@ -336,3 +336,18 @@ def test_a_remat_policy_without_remat_is_a_warning():
   assert check.validate(config_with({"model.remat_policy": "offload_layer_input"})) == [
       "model.remat_policy='offload_layer_input' has no effect with model.remat=False"]
   assert check.validate(config_with({"model.remat_policy": "offload_layer_input", "model.remat": True})) == []
+
+
+def test_a_bad_field_does_not_hide_a_cross_section_problem():
+  """Found by tests/fuzz_test.py: with checkpoint.every_syncs=0 (a field rule) the typed config could not be built,
+  so loop.group_size=1 (a rule across loss and loop) went unreported until the first was fixed."""
+  import copy  # pylint: disable=import-outside-toplevel
+  from configs import arithmetic  # pylint: disable=import-outside-toplevel
+  from oapl_jax import sections  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import check  # pylint: disable=import-outside-toplevel
+  cfg = copy.deepcopy(arithmetic.get_config("").to_dict())
+  cfg["checkpoint"]["every_syncs"], cfg["loop"]["group_size"] = 0, 1
+  with pytest.raises(sections.ConfigError) as info:
+    check.validate(cfg)
+  assert info.value.problems == ["checkpoint.every_syncs=0: must be >= 1",
+                                 "loop.group_size=1: must be >= 2 (loss 'oapl' compares the G samples of a prompt)"]

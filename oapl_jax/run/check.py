@@ -9,8 +9,10 @@ loss's need for groups, the warm start's need for demonstrations, LoRA's rank x 
 """
 from __future__ import annotations
 
+import copy
 import logging
 import math
+import re
 from typing import Any, Optional, Sequence
 
 import jax
@@ -138,5 +140,41 @@ def _shards(rc: RunConfig, placement: parallel.Placement, model, p: sections.Pro
 
 def validate(cfg: Any, devices: Optional[Sequence[Any]] = None) -> list[str]:
   """The front door's whole check of a resolved config: the typed sections (schema.from_config), then the
-  cross-section rules; returns the warnings, raises sections.ConfigError."""
-  return check(schema.from_config(cfg), devices)
+  cross-section rules; returns the warnings, raises sections.ConfigError. With bad fields, the cross-section
+  rules still run, on the config with those fields at their defaults, so every problem is listed at once."""
+  try:
+    rc = schema.from_config(cfg)
+  except sections.ConfigError as e:
+    raise sections.ConfigError(e.problems + _cross_section_problems(cfg, e.problems, devices)) from None
+  return check(rc, devices)
+
+
+def _cross_section_problems(cfg: Any, field_problems: Sequence[str], devices) -> list[str]:
+  """check()'s errors for `cfg` with every field a problem names set back to its default (none where that
+  cannot be typed either: a bad task section, say)."""
+  values = copy.deepcopy(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
+  base = schema.defaults().to_dict()
+  named = set()
+  for problem in field_problems:
+    *parents, last = re.split(r"[=:]", problem, maxsplit=1)[0].strip().split(".")
+    named.add(".".join([*parents, last]))
+    target, default = values, base
+    for part in parents:
+      target, default = target.get(part), (default or {}).get(part)
+      if not isinstance(target, dict):
+        return []
+    if isinstance(default, dict) and last in default:
+      target[last] = default[last]
+    else:
+      target.pop(last, None)
+  try:
+    rc = schema.from_config(values)
+    logging.disable(logging.WARNING)  # the warnings of this pass are the next run's to give
+    check(rc, devices)
+  except sections.ConfigError as e:
+    return [q for q in e.problems if re.split(r"[=:]", q, maxsplit=1)[0].strip() not in named]
+  except Exception:  # noqa: BLE001 - a config the defaults cannot repair: the field problems stand alone
+    return []
+  finally:
+    logging.disable(logging.NOTSET)
+  return []
