@@ -121,13 +121,18 @@ class SaveFailed(RuntimeError):
     self.step, self.path, self.cause = step, path, cause
 
 
-def plain_write_error(e: BaseException) -> str:
-  """The OS's reason (`File too large`, `No space left on device`) from an orbax/tensorstore write error."""
+def _chain_text(e: BaseException) -> str:
+  """The messages of `e` and the errors it came from (orbax wraps tensorstore's), one per line."""
   chain, seen = [], e
   while seen is not None and len(chain) < 10:
     chain.append(str(seen))
     seen = seen.__cause__ or seen.__context__
-  text = "\n".join(chain)
+  return "\n".join(chain)
+
+
+def plain_write_error(e: BaseException) -> str:
+  """The OS's reason (`File too large`, `No space left on device`) from an orbax/tensorstore write error."""
+  text = _chain_text(e)
   if m := re.search(r"([A-Z][^:\[\]\n]*?) \[os_error_code='?\d+'?\]", text):
     return m.group(1).strip()
   if isinstance(e, OSError) and e.strerror:
@@ -281,11 +286,7 @@ def _first_line(e: BaseException) -> str:
 
 def plain_read_error(e: BaseException) -> str:
   """A one-line reason from a tensorstore/orbax read error (their messages run to pages)."""
-  chain, seen = [], e
-  while seen is not None and len(chain) < 10:
-    chain.append(str(seen))
-    seen = seen.__cause__ or seen.__context__
-  text = "\n".join(chain)
+  text = _chain_text(e)
   key = re.search(r'Error reading "([^"/]+)[^"]*" in OCDBT', text)
   what = f"array {key.group(1)}" if key else "the array data"
   if m := re.search(r"byte range \[\d+, (\d+)\) is not valid for value of size (\d+)", text):
