@@ -158,6 +158,31 @@ logging.getLogger("absl").addFilter(_ReportedSaveErrors())
 logging.getLogger("asyncio").addFilter(_ReportedSaveErrors())
 
 
+class _ClosedLoopCallbacks:
+  """When a write fails, orbax's save thread ends its asyncio loop while tensorstore still has writes in
+  flight; each of them then calls `loop.call_soon_threadsafe` from C on the closed loop, and Python reports
+  the RuntimeError('Event loop is closed') through sys.unraisablehook (no object: a bare traceback), one to
+  dozens of times. The failed save itself is raised as one SaveFailed line, so this hook drops exactly those
+  reports (a RuntimeError with that message and no object) and hands every other one to the hook it wraps.
+  Installed once, process-wide, on the first Checkpointer; `dropped` counts what it dropped."""
+
+  def __init__(self, wrapped):
+    self.wrapped, self.dropped = wrapped, 0
+
+  def __call__(self, unraisable) -> None:
+    if (unraisable.exc_type is RuntimeError and unraisable.object is None
+        and str(unraisable.exc_value) == "Event loop is closed"):
+      self.dropped += 1
+      return
+    self.wrapped(unraisable)
+
+  @classmethod
+  def install(cls) -> "_ClosedLoopCallbacks":
+    if not isinstance(sys.unraisablehook, cls):
+      sys.unraisablehook = cls(sys.unraisablehook)
+    return sys.unraisablehook
+
+
 
 # ------------------------------------------------------------------------------ files
 def list_files(directory: epath.Path) -> dict[str, int]:
@@ -372,6 +397,7 @@ class Checkpointer:
         item_names=("state", "meta", "sampler"))
     self._unrecorded: list[int] = []  # saves whose file record is not written yet
     self._failed: Optional[SaveFailed] = None  # once a save failed, nothing more is written
+    _ClosedLoopCallbacks.install()
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
