@@ -4,10 +4,13 @@ same RL seeds, compared by seed (the first arm is the reference; every other arm
   python -m experiments.ab --out reports/lora_vs_full --seeds 0,1,2,3,4 \
       --arm "full" --arm "lora trainer.lora.rank=8 trainer.optim.lr=1e-3"
 
-Each arm is 'NAME [dotted.key=value ...]' on top of --config (default: the claims study's task A, configs/claims.py,
-200 steps of 8 prompts x 8 at lag 50) and --set overrides shared by every arm. The warm start is the claims
-study's own (experiments/claims.warm_start: 1000 supervised steps on the slipping teacher), made once into
---warm. Per run: final test pass@k (the study's test eval, same seed for every arm), generations the sampler
+  python -m experiments.ab --config configs/own_task.py --out reports/own_lora --arm full --arm "lora ..."
+
+Each arm is 'NAME [dotted.key=value ...]' on top of --config FILE[:ARG] (any training config, split into
+validation and test as the study does: experiments/task_config.py; default the claims study's task A,
+configs/claims.py:arithmetic) and --set overrides shared by every arm. The config and its data are checked
+first (experiments/task_config.preflight); the warm start is the study's (experiments/claims.warm_start: the
+config's own, made once by apps/sweep_warmstart, keyed by what it is made from) under --warm. Per run: final test pass@k (the study's test eval, same seed for every arm), generations the sampler
 made (rollout/generations: demonstrations put into the buffer are none; chunks made ahead and dropped at an early
 refresh count), sampler refreshes, trainer steps, wall time; then the paired differences with 95% t-intervals and exact sign-flip p
 (experiments/paired_stats.py), report.md, results.json and curves.png (the current policy's validation pass@1).
@@ -24,8 +27,6 @@ import time
 
 from experiments import claims, paired_stats, plan, results
 
-TASK = "arithmetic"
-
 
 def parse_arm(text: str) -> tuple[str, dict]:
   name, *sets = shlex.split(text)
@@ -33,7 +34,7 @@ def parse_arm(text: str) -> tuple[str, dict]:
   return name, dict(files._parse(s) for s in sets)  # pylint: disable=protected-access
 
 
-def run_one(config: str, overrides: dict, warm_dir: str, workdir: str) -> dict:
+def run_one(study: plan.Study, overrides: dict, warm_dir: str, workdir: str) -> dict:
   """One run (resumable), then the study's final test eval; returns (and writes) final.json."""
   done = results.read_json(os.path.join(workdir, "final.json"))
   if done is not None:
@@ -42,14 +43,15 @@ def run_one(config: str, overrides: dict, warm_dir: str, workdir: str) -> dict:
   from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble, files  # pylint: disable=import-outside-toplevel
   start = time.time()
-  cfg = files.load(config, {"model.checkpoint": warm_dir, "warmstart.steps": 0, **overrides})
+  cfg = files.load(study.config, {**plan.shape_overrides(study), "model.checkpoint": warm_dir, "warmstart.steps": 0,
+                                  **overrides})
   run = assemble.setup(cfg, workdir)
   summary = loop.train(run)
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
   rc, history = run.cfg, run.reporter.history()
   _, tests = claims.task_and_tests(rc.task)
-  samples, ks = claims.FINAL_SAMPLES[TASK]
+  samples, ks = claims.final_sampling(study)
   params = run.sampler.prepare(run.policy_params(run.state))
   final = {"overrides": overrides, "trainer_steps": summary["trainer_steps"],
            "generations": sum(h.get("rollout/generations", 0.0) for h in history),
@@ -136,17 +138,28 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True)
   p.add_argument("--arm", action="append", required=True, help="'NAME key=value ...'; the first is the reference")
   p.add_argument("--seeds", default="0,1,2,3,4")
-  p.add_argument("--config", default=f"{plan.CONFIG_FILE}:{TASK}")
+  p.add_argument("--config", help="FILE[:ARG]: any training config (default configs/claims.py:arithmetic)")
+  p.add_argument("--smoke", action="store_true", help="the study's smoke sizes (a 5-step warm start, 8 eval prompts)")
   p.add_argument("--set", action="append", default=[], help="key=value for every arm")
-  p.add_argument("--warm", default=os.path.join(plan.REPO, "runs", "ab", "warmstart"))
+  p.add_argument("--warm", help="the warm start's directory (default runs/ab/<task>/warm_<key>/warmstart)")
   p.add_argument("--metrics", default="test/pass@1,test/pass@8,generations,refreshes,wall_seconds")
   args = p.parse_args(argv)
-  out, warm_dir = os.path.abspath(os.path.expanduser(args.out)), os.path.abspath(os.path.expanduser(args.warm))
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  from experiments import task_config  # pylint: disable=import-outside-toplevel
+  study = plan.make_study(None if args.config else "arithmetic", args.config, smoke=args.smoke)
+  try:
+    task_config.preflight(study.config, dict(plan.shape_overrides(study)))
+  except task_config.ConfigRefused as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  out = os.path.abspath(os.path.expanduser(args.out))
+  warm_dir = os.path.abspath(os.path.expanduser(args.warm)) if args.warm else \
+      claims.warm_dir_of(os.path.join(plan.REPO, "runs", "ab"), study)
   shared = dict(parse_arm("shared " + " ".join(args.set))[1])
   arms = dict(parse_arm(a) for a in args.arm)
   seeds = [int(s) for s in args.seeds.split(",")]
   metrics = args.metrics.split(",")
-  warm = claims.warm_start(plan.make_study(), TASK, warm_dir)
+  warm = claims.warm_start(study, warm_dir)
   finals: dict = {arm: {} for arm in arms}
   workdirs: dict = {arm: {} for arm in arms}
   total, started, ran = len(arms) * len(seeds), time.time(), 0
@@ -154,7 +167,7 @@ def main(argv=None) -> int:
     workdir = os.path.join(out, "runs", arm, f"seed{seed}")
     workdirs[arm][seed] = workdir
     ran += results.read_json(os.path.join(workdir, "final.json")) is None
-    finals[arm][seed] = run_one(args.config, {**shared, **arms[arm], "seed": seed}, warm_dir, workdir)
+    finals[arm][seed] = run_one(study, {**shared, **arms[arm], "seed": seed}, warm_dir, workdir)
     eta = (time.time() - started) / max(ran, 1) * (total - i - 1)  # from the runs made here, not the reused
     print(f"[ab] {i + 1}/{total} {arm} seed {seed}: test pass@1 {value(finals[arm][seed], 'test/pass@1'):.4f}; "
           f"ETA {eta / 60:.1f} min", flush=True)

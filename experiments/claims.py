@@ -1,23 +1,23 @@
-"""The paper's five claims in miniature: the runner (plan: experiments/plan.py; report: claims_report.py).
+"""The paper's five claims in miniature, on any task: the runner (plan: experiments/plan.py; report:
+claims_report.py).
 
-  python -m experiments.study --task arithmetic --out reports/claims_arithmetic            # everything
-  python -m experiments.study --task arithmetic --smoke --out /tmp/claims_smoke            # CI: ~2 min
+  python -m experiments.study --task arithmetic --out reports/claims_v3              # configs/claims.py:arithmetic
+  python -m experiments.study --config configs/own_task.py --out reports/own --smoke  # any training config
   ... --collect          only rebuild the report from the run directories that exist
-  ... --cell NAME        run (or resume) that one cell, e.g. arithmetic/grpo_obo/lr0.0001/seed3
-  ... --checks_only      the warm starts, the pilot and task B's check only (~10 min): does the design work?
+  ... --cell NAME        run (or resume) that one cell
+  ... --stage pilot      stop after the pilot (tuning: after the tuning grid)
 
 Order (a study cut short still reports every claim at a lower n):
-  1. task A's warm start (one checkpoint every run loads; the RL seed varies, the warm start never does)
-  2. the pilot: OAPL at L = 50, the grid's middle lr, the tuning seed. Validation pass@1 at mid-run must
-     rise by tuning.PILOT_GAIN over the warm start and stay below tuning.PILOT_CEILING, else the study stops
-     and says what to change (the task, never the losses). The pilot is also one of OAPL's tuning runs.
-  3. task B's warm start and its check (the hard half never solved); --checks_only stops here
-  4. tuning of oapl, grpo (off-by-one) and grpo_onpolicy: 3 learning rates each on the tuning seed, chosen by
-     the area under the validation pass@1 curve; an edge winner adds one point beyond it for every loss
-  5. the claims' arms and the on-policy baseline, round-robin by seed (plan.main_cells)
-  6. opmd and asymre (tuned alike), then the beta1 probe at L = 1 (lowest priority)
-Resumable: a run with final_eval.json is skipped; an unfinished one resumes from its last checkpoint (one
-about every 50 steps). A resumed off-by-one run's first window samples from its restored params.
+  0. the config and its data checked (experiments/task_config.preflight): a bad file or reward fails here
+  1. the warm start (apps/sweep_warmstart, once per config + warm-start fields, reused; every run loads it)
+  2. the pilot: every primary arm at its loss's middle grid point on the tuning seed. The main OAPL arm must
+     learn (tuning.PILOT_GAIN over the warm start at mid-run) or the study stops; an arm at or above
+     tuning.HEADROOM at mid-run makes the primary metric the area under the validation curve
+  3. tuning of oapl, grpo (off-by-one) and grpo_onpolicy: lr x the loss's own knob (plan.KNOBS), 9 points
+     each on the tuning seed, chosen by the area under the validation pass@1 curve
+  4. the claims' arms and the on-policy baseline, round-robin by seed (plan.main_cells)
+  5. opmd and asymre (tuned alike), then the beta1 probe at L = 1 (lowest priority)
+Resumable: a run with final_eval.json is skipped; an unfinished one resumes from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -27,16 +27,16 @@ import os
 import time
 from typing import Optional
 
-from experiments import plan, results, tuning
+from experiments import plan, results, task_config, tuning
 
 FINAL_SEED_OFFSET = 104_729  # the test eval's seed: the run's eval seed + this (the same for paired cells)
-FINAL_SAMPLES = {"arithmetic": (32, (1, 4, 8, 16, 32)), "hard_tail": (256, (1, 4, 16, 64, 256))}
+FINAL_SAMPLES = (32, (1, 4, 8, 16, 32))
 SMOKE_SAMPLES = (8, (1, 2, 4, 8))
 
 
-def final_sampling(study: plan.Study, task: str) -> tuple[int, tuple[int, ...]]:
+def final_sampling(study: plan.Study) -> tuple[int, tuple[int, ...]]:
   """(samples per test prompt, ks) of the end-of-run test eval."""
-  return SMOKE_SAMPLES if study.smoke else FINAL_SAMPLES[task]
+  return SMOKE_SAMPLES if study.smoke else FINAL_SAMPLES
 
 
 def task_and_tests(task_section):
@@ -47,11 +47,12 @@ def task_and_tests(task_section):
 
 def run_config(study: plan.Study, cell: plan.Cell, warm_dir: str):
   from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
-  return files.load(study.config_spec(cell.arm.task), plan.overrides(study, cell, warm_dir))
+  return files.load(study.config, plan.overrides(study, cell, warm_dir))
 
 
-def warm_dir_of(runs_dir: str, task: str) -> str:
-  return os.path.join(runs_dir, task, "warmstart")
+def warm_dir_of(runs_dir: str, study: plan.Study) -> str:
+  """Where the study's warm start lives: keyed by what it is made from (plan.warm_key)."""
+  return os.path.join(runs_dir, study.name, f"warm_{plan.warm_key(study)}", "warmstart")
 
 
 def execute(study: plan.Study, cell: plan.Cell, workdir: str, warm_dir: str) -> dict:
@@ -67,10 +68,10 @@ def execute(study: plan.Study, cell: plan.Cell, workdir: str, warm_dir: str) -> 
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
   _, tests = task_and_tests(rc.task)
-  samples, ks = final_sampling(study, cell.arm.task)
+  samples, ks = final_sampling(study)
   params = run.sampler.prepare(run.state.params)
-  final = {"cell": cell.name, "arm": cell.arm.name, "task": cell.arm.task, "loss": cell.arm.loss, "lr": cell.lr,
-           "seed": cell.seed, "trainer_steps": summary["trainer_steps"],
+  final = {"cell": cell.name, "arm": cell.arm.name, "task": study.name, "loss": cell.arm.loss, "lr": cell.lr,
+           "setting": list(cell.setting), "seed": cell.seed, "trainer_steps": summary["trainer_steps"],
            "generations": rc.loop.num_syncs * rc.loop.schedule().prompts_per_window * rc.loop.group_size,
            "command": plan.command(study, cell, warm_dir, workdir), "train_seconds": time.time() - start,
            "test": {name: evaluation.evaluate(run.sampler, params, run.task, problems, samples=samples, ks=ks,
@@ -82,137 +83,146 @@ def execute(study: plan.Study, cell: plan.Cell, workdir: str, warm_dir: str) -> 
   return final
 
 
-def warm_start(study: plan.Study, task: str, directory: str) -> dict:
-  """The task's warm-start checkpoint (an HF directory every run of the task loads), made once with the task
-  config's own warm start; its pass@k on the validation and test sets in <directory>/eval.json."""
+def warm_start(study: plan.Study, directory: str) -> dict:
+  """The study's warm start (an HF directory every run loads), made once by apps/sweep_warmstart from the
+  study's config (a subprocess: the same code path as a sweep's), then its pass@k on the validation and test
+  sets in <directory>/eval.json."""
   done = results.read_json(os.path.join(directory, "eval.json"))
   if done is not None:
     return done
   from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
-  from oapl_jax.models import hf  # pylint: disable=import-outside-toplevel
+  from oapl_jax.apps import sweep_warmstart  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble, files, schema  # pylint: disable=import-outside-toplevel
   start = time.time()
-  rc = schema.from_config(files.load(study.config_spec(task)))
-  loop_task = assemble.build_task(rc)
-  _, tests = task_and_tests(rc.task)
+  extra = [f"--config.{k}={v}" for k, v in study.shared]
+  record = sweep_warmstart.ensure(study.config, os.path.dirname(directory), extra)
+  cfg = files.load(study.config, {**dict(study.shared), "model.checkpoint": os.path.abspath(directory),
+                                  "warmstart.steps": 0})
+  rc = schema.from_config(cfg)
+  loop_task, tests = task_and_tests(rc.task)
   placement = assemble.placement(rc)
   model, params = assemble.build_model(rc, placement.trainer)
-  seq = assemble.seq_len(rc, assemble.longest_prompt(loop_task))
-  def log(step, metrics):
-    if step % 200 == 0:
-      print(f"[claims] {task} warm start step {step}: {metrics}", flush=True)
-  params = assemble.warm_start(rc, loop_task, model, params, placement.trainer, seq, log)
-  tok = loop_task.tokenizer
-  hf.save(directory, model.config, params, token_ids=hf.TokenIds(eos=tok.eos_id, pad=tok.pad_id, bos=tok.bos_id))
   _, eval_settings = assemble.sampling(rc, loop_task)
   sampler = assemble.build_sampler(rc, model, placement.sampler)
   snapshot = sampler.prepare(params)
-  samples, ks = final_sampling(study, task)
-  out = {"val": {name: evaluation.evaluate(sampler, snapshot, loop_task, problems, samples=rc.eval.samples,
-                                           ks=rc.eval.ks, settings=eval_settings, seed=assemble.eval_seed(rc))
+  samples, ks = final_sampling(study)
+  out = {"val": {name: evaluation.evaluate(sampler, snapshot, loop_task, problems[:rc.eval.num_prompts],
+                                           samples=rc.eval.samples, ks=rc.eval.ks, settings=eval_settings,
+                                           seed=assemble.eval_seed(rc))
                  for name, problems in loop_task.eval_sets.items()},
          "test": {name: evaluation.evaluate(sampler, snapshot, loop_task, problems, samples=samples, ks=ks,
                                             settings=eval_settings, seed=assemble.eval_seed(rc) + FINAL_SEED_OFFSET)
-                  for name, problems in tests.items()}}
+                  for name, problems in tests.items()},
+         "build_seconds": record["wall_seconds"], "command": record["command"]}
   out["wall_seconds"] = time.time() - start
   results.write_json(os.path.join(directory, "eval.json"), out)
-  print(f"[claims] {task} warm start: {out['wall_seconds']:.0f}s, test pass@1 "
+  loop_task.close()
+  print(f"[claims] {study.name} warm start: {out['wall_seconds']:.0f}s, test pass@1 "
         + ", ".join(f"{name} {m['pass@1']:.3f}" for name, m in out["test"].items()), flush=True)
   return out
 
 
 # ------------------------------------------------------------------------------ the study
+STAGES = ("pilot", "tuning", "main", "all")
+
+
 @dataclasses.dataclass
 class State:
   """What the study decided so far (the report reads it)."""
-  chosen: dict = dataclasses.field(default_factory=dict)  # loss -> learning rate
-  tuning: dict = dataclasses.field(default_factory=dict)  # loss -> {lr: AUC or None (not run)}
-  extended: dict = dataclasses.field(default_factory=dict)  # stage -> the learning rates its edge added
-  pilot: Optional[tuning.Pilot] = None
-  hard_tail: Optional[tuple[bool, str]] = None
+  chosen: dict = dataclasses.field(default_factory=dict)  # loss -> (lr, knob value)
+  tuning: dict = dataclasses.field(default_factory=dict)  # loss -> {(lr, knob): AUC or None (not run)}
+  pilot: Optional[tuning.Pilot] = None  # the main OAPL arm learns
+  headroom: dict = dataclasses.field(default_factory=dict)  # primary arm -> tuning.Headroom
+  primary_metric: str = "final"  # 'final' (test pass@1 at the end) or 'auc' (validation AUC: an arm at the ceiling)
   stopped: Optional[str] = None
-  warm: dict = dataclasses.field(default_factory=dict)  # task -> warm start eval.json
+  warm: Optional[dict] = None  # the warm start's eval.json
+  checked: Optional[list] = None  # the preflight's warnings (None: not checked in this invocation)
 
 
 class Runner:
   def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
-               checks_only: bool = False):
-    self.study, self.runs_dir, self.collect, self.only, self.checks_only = study, runs_dir, collect, only, checks_only
+               stage: str = "all"):
+    self.study, self.runs_dir, self.collect, self.only, self.stage = study, runs_dir, collect, only, stage
     self.state = State()
 
   def run(self, stage: str, cell: plan.Cell) -> Optional[results.RunResult]:
     workdir = os.path.join(self.runs_dir, cell.name)
     if not results.is_done(workdir) and not self.collect and self.only in (None, cell.name):
       print(f"[claims] run ({stage}): {cell.name}", flush=True)
-      final = execute(self.study, cell, workdir, warm_dir_of(self.runs_dir, cell.arm.task))
+      final = execute(self.study, cell, workdir, warm_dir_of(self.runs_dir, self.study))
       print(f"[claims]   done in {final['wall_seconds']:.0f}s: test "
             + ", ".join(f"{n} pass@1 {m['pass@1']:.3f}" for n, m in final["test"].items()), flush=True)
     return results.load(self.runs_dir, cell)
 
-  def warm(self, task: str) -> Optional[dict]:
-    directory = warm_dir_of(self.runs_dir, task)
+  def warm(self) -> Optional[dict]:
+    directory = warm_dir_of(self.runs_dir, self.study)
     if not self.collect and self.only is None:
-      self.state.warm[task] = warm_start(self.study, task, directory)
+      self.state.warm = warm_start(self.study, directory)
     else:
-      self.state.warm[task] = results.read_json(os.path.join(directory, "eval.json"))
-    return self.state.warm[task]
+      self.state.warm = results.read_json(os.path.join(directory, "eval.json"))
+    return self.state.warm
 
   def tune(self, stage: str, losses: tuple[str, ...]) -> None:
-    """Base grid for every loss, then one extension round if an edge won; choose by AUC."""
-    grid = list(self.study.learning_rates)
-    scores = {loss: self._scores(stage, loss, grid) for loss in losses}
-    if all(None not in s.values() for s in scores.values()):
-      winners = {loss: (grid, tuning.choose(s)) for loss, s in scores.items()}
-      extra = tuning.extension(winners, dict(self.study.extension))
-      self.state.extended[stage] = extra
-      for loss in losses:
-        scores[loss].update(self._scores(stage, loss, extra))
+    """Every point of each loss's grid on the tuning seed; the largest AUC wins (tuning.choose)."""
     for loss in losses:
-      self.state.tuning[loss] = scores[loss]
-      finished = {lr: v for lr, v in scores[loss].items() if v is not None}
+      scores = {}
+      for cell in plan.tuning_cells(self.study, loss):
+        result = self.run(stage, cell)
+        scores[cell.setting] = tuning.auc(result.curve()) if result is not None else None
+      self.state.tuning[loss] = scores
+      finished = {s: v for s, v in scores.items() if v is not None}
       if finished:
         self.state.chosen[loss] = tuning.choose(finished)
 
-  def _scores(self, stage: str, loss: str, lrs) -> dict:
-    out = {}
-    for cell in plan.tuning_cells(self.study, loss, lrs):
-      result = self.run(stage, cell)
-      out[cell.lr] = tuning.auc(result.curve()) if result is not None else None
-    return out
-
-  def main(self, stage: str, tiers: tuple[str, ...]) -> None:
-    hard_tail_ok = self.state.hard_tail is None or self.state.hard_tail[0]
-    for cell in plan.main_cells(self.study, self.state.chosen, tiers, hard_tail=hard_tail_ok):
-      self.run(stage, cell)
+  def pilot(self) -> bool:
+    """Every primary arm at its middle grid point; False when the study must stop."""
+    s, study = self.state, self.study
+    curves = {}
+    for cell in plan.pilot_cells(study):
+      r = self.run("pilot", cell)
+      if r is not None:
+        curves[cell.arm.name] = r.curve()
+    main = study.tuning_arm("oapl").name
+    if main not in curves:
+      s.stopped = "the pilot has not run"
+      return False
+    s.pilot = tuning.pilot_verdict(curves[main], study.steps, ceiling=None)  # a ceiling: the AUC rule
+    s.headroom = {arm: tuning.headroom(curve, study.steps) for arm, curve in curves.items()}
+    s.primary_metric = "final" if all(h.ok for h in s.headroom.values()) else "auc"
+    print(f"[claims] pilot: {s.pilot.message}", flush=True)
+    for arm, h in s.headroom.items():
+      print(f"[claims] headroom {arm}: {h.message}", flush=True)
+    print(f"[claims] primary metric: {tuning.PRIMARY_METRICS[s.primary_metric]}", flush=True)
+    if not s.pilot.ok and not study.smoke:  # the smoke's 5-step warm start cannot learn; it goes on
+      s.stopped = "the pilot failed: " + s.pilot.message
+      return False
+    return True
 
   def study_all(self) -> State:
     s = self.state
-    self.warm("arithmetic")
-    pilot = self.run("pilot", plan.pilot_cell(self.study))
-    if pilot is None:
-      s.stopped = "the pilot has not run"
+    if not self.collect:
+      s.checked = task_config.preflight(self.study.config, dict(self.study.shared))
+      print(f"[claims] config and data OK: {self.study.config} ({len(s.checked)} warning(s))", flush=True)
+    self.warm()
+    if not self.pilot():
       return s
-    s.pilot = tuning.pilot_verdict(pilot.curve(), self.study.steps)
-    print(f"[claims] pilot: {s.pilot.message}", flush=True)
-    if not s.pilot.ok and not self.study.smoke:  # the smoke's 5-step warm start cannot learn; it goes on
-      s.stopped = "the pilot failed: " + s.pilot.message
-      return s
-    warm_b = self.warm("hard_tail")
-    if warm_b is not None:
-      s.hard_tail = tuning.hard_tail_verdict(warm_b["test"])
-      print(f"[claims] {s.hard_tail[1]}", flush=True)
-      if self.study.smoke:
-        s.hard_tail = (True, s.hard_tail[1] + " (smoke: task B runs anyway)")
-    if self.checks_only:
-      s.stopped = "--checks_only: the warm starts, the pilot and task B's check, nothing more"
+    if self.stage == "pilot":
+      s.stopped = "--stage pilot: the warm start and the pilot, nothing more"
       return s
     self.tune("tuning", plan.PRIMARY_LOSSES)
+    if self.stage == "tuning":
+      s.stopped = "--stage tuning: the warm start, the pilot and the tuning grid, nothing more"
+      return s
     self.main("main", ("claim", "baseline"))
-    if self.study.secondary:
+    if self.study.secondary and self.stage == "all":
       self.tune("secondary tuning", plan.SECONDARY_LOSSES)
       self.main("secondary", ("secondary",))
       self.main("beta1 probe", ("probe",))
     return s
+
+  def main(self, stage: str, tiers: tuple[str, ...]) -> None:
+    for cell in plan.main_cells(self.study, self.state.chosen, tiers):
+      self.run(stage, cell)
 
 
 def enable_compile_cache(directory: str) -> None:

@@ -1,5 +1,6 @@
 """The claims report's PNGs: curves on the policy-eval step grid with 95% t-bands over seeds (the band of the
-arm's mean; the claims' inference is the paired one in the report), the claims' intervals, pass@k per half."""
+arm's mean; the claims' inference is the paired one in the report), entropy against the run's own pass@1,
+the claims' intervals."""
 from __future__ import annotations
 
 import math
@@ -44,16 +45,16 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
     plt.close(fig)
     names.append(name)
 
-  pilot = results.load(runs_dir, plan.pilot_cell(study))
-  if pilot is not None and state.pilot is not None:
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    steps, values = zip(*pilot.curve())
-    ax.plot(steps, values, "o-", label="pilot: OAPL, validation pass@1")
+  pilots = {c.arm.name: r for c in plan.pilot_cells(study) if (r := results.load(runs_dir, c)) is not None}
+  if pilots and state.pilot is not None:
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, (arm, r) in enumerate(pilots.items()):
+      ax.plot(*zip(*r.curve()), "o-", ms=3, color=f"C{i}", label=arm)
     ax.axhline(state.pilot.start + tuning.PILOT_GAIN, color="g", ls="--", label=f"warm start + {tuning.PILOT_GAIN}")
-    ax.axhline(tuning.PILOT_CEILING, color="r", ls=":", label=f"ceiling {tuning.PILOT_CEILING}")
+    ax.axhline(tuning.HEADROOM, color="r", ls=":", label=f"headroom rule {tuning.HEADROOM}")
     ax.axvline(state.pilot.step, color="k", lw=0.8)
-    ax.set(xlabel="trainer step", ylabel="pass@1 (T 0.6, top-p 0.95)",
-           title=f"pilot: {'ok' if state.pilot.ok else 'failed'}")
+    ax.set(xlabel="trainer step", ylabel="val pass@1 (T 0.6, top-p 0.95)",
+           title=f"pilot: every primary arm at its middle grid point")
     ax.legend(fontsize=7)
     save(fig, "pilot.png")
 
@@ -61,25 +62,31 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
     losses = list(state.tuning)
     fig, axes = plt.subplots(1, len(losses), figsize=(4.2 * len(losses), 3.4), squeeze=False, sharey=True)
     for ax, loss in zip(axes[0], losses):
-      for i, lr in enumerate(sorted(state.tuning[loss])):
-        r = results.load(runs_dir, plan.tuning_cells(study, loss, [lr])[0])
+      for i, setting in enumerate(sorted(state.tuning[loss])):
+        r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
         if r is not None:
-          ax.plot(*zip(*r.curve()), color=f"C{i}", lw=2.5 if state.chosen.get(loss) == lr else 1, label=f"lr {lr:g}")
+          ax.plot(*zip(*r.curve()), color=f"C{i}", lw=2.5 if state.chosen.get(loss) == setting else 1,
+                  label=f"lr {setting[0]:g}, {plan.KNOBS[loss][0].rsplit('.', 1)[1]} {setting[1]:g}")
       ax.set(title=f"tuning: {loss}", xlabel="trainer step", ylabel="val pass@1")
-      ax.legend(fontsize=7)
+      ax.legend(fontsize=6)
     save(fig, "tuning.png")
 
-  task_a = [k for k, a in study.arms().items() if a.task == "arithmetic" and k in runs]
+  arms = [k for k in study.arms() if k in runs]
   for metric, name, ylabel in (("pass@1", "val_pass1.png", "validation pass@1"),
                                ("token_entropy", "entropy.png", "policy's entropy per token (T = 1 samples)")):
-    if not task_a:
+    if not arms:
       break
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
-    for i, key in enumerate(task_a):
+    fig, axes = plt.subplots(1, 3 if metric != "pass@1" else 2, figsize=(15 if metric != "pass@1" else 11, 3.8))
+    for i, key in enumerate(arms):
       rs = list(runs[key].values())
       _draw(axes[0], [r.curve(metric) for r in rs], key, f"C{i % 10}")
       _draw(axes[1], [r.curve(metric) for r in rs], key, f"C{i % 10}", x_scale=rs[0].generations_per_step)
-    axes[0].set(xlabel="trainer step", ylabel=ylabel, title=f"task A: {ylabel} (mean, 95% band)")
+      if metric != "pass@1":  # against the run's own validation pass@1: the matched-progress view
+        for r in rs:
+          axes[2].plot([v for _, v in r.curve()], [v for _, v in r.curve(metric)], ".-", color=f"C{i % 10}", lw=0.6,
+                       ms=2, alpha=0.6, label=key if r is rs[0] else None)
+        axes[2].set(xlabel="validation pass@1 (the run's own)", ylabel=ylabel, title="at matched pass@1 (per seed)")
+    axes[0].set(xlabel="trainer step", ylabel=ylabel, title=f"{study.name}: {ylabel} (mean, 95% band)")
     axes[1].set(xlabel="generations sampled", title="the same against generations")
     axes[0].legend(fontsize=6)
     save(fig, name)
@@ -94,26 +101,7 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
           ax.errorbar([0.25], [s.mean], yerr=[[s.mean - s.ci_low], [s.ci_high - s.mean]], fmt="o", color="C0",
                       capsize=4)
       ax.axhline(0, color="k", lw=0.8)
-      if o.claim.margin is not None:
-        ax.axhline(o.claim.margin, color="g", ls="--", lw=0.8)
       ax.set(xticks=[], title=f"claim {o.claim.key} (n={s.n})\n{o.verdict.split(' ')[0]}", xlim=(-0.5, 0.75))
       ax.title.set_fontsize(8)
     save(fig, "claims.png")
-
-  hard = [k for k, a in study.arms().items() if a.task == "hard_tail" and k in runs]
-  if hard:
-    warm = state.warm.get("hard_tail") or {}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    for ax, split in zip(axes, ("test_easy", "test_hard")):
-      for i, key in enumerate(hard):
-        curves = [[(int(k[5:]), v) for k, v in r.final["test"][split].items() if k.startswith("pass@")]
-                  for r in runs[key].values()]
-        _draw(ax, curves, key.split("/")[1], f"C{i}")
-      start = warm.get("test", {}).get(split)
-      if start:
-        ks = sorted(int(k[5:]) for k in start if k.startswith("pass@"))
-        ax.plot(ks, [start[f"pass@{k}"] for k in ks], "k--", label="warm start")
-      ax.set(xscale="log", xlabel="k", ylabel="pass@k", title=f"task B {split.split('_')[1]} half (mean, 95% band)")
-      ax.legend(fontsize=7)
-    save(fig, "passk_hard_tail.png")
   return names

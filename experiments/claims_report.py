@@ -17,7 +17,7 @@ def collect(study: plan.Study, runs_dir: str, state: claims.State) -> dict[str, 
   for key, arm in study.arms().items():
     if arm.loss not in state.chosen:
       continue
-    found = {s: r for s in study.seeds if (r := results.load(runs_dir, plan.Cell(arm, state.chosen[arm.loss], s)))}
+    found = {s: r for s in study.seeds if (r := results.load(runs_dir, study.cell(arm, state.chosen[arm.loss], s)))}
     if found:
       out[key] = found
   return out
@@ -35,73 +35,84 @@ def _p(x: float) -> str:
   return "n/a" if not np.isfinite(x) else f"{x:.4f}"
 
 
+def _setting(loss: str, setting) -> str:
+  return f"lr {setting[0]:g}, {plan.KNOBS[loss][0].rsplit('.', 1)[1]} {setting[1]:g}"
+
+
 def rules_lines(study: plan.Study) -> list[str]:
+  grids = "; ".join(f"{loss}: lr {{{', '.join(f'{lr:g}' for lr in study.learning_rates)}}} x "
+                    f"{plan.KNOBS[loss][0].rsplit('.', 1)[1]} {{{', '.join(f'{v:g}' for v in sorted({v for _, v in study.grid(loss)}))}}}"
+                    for loss in study.losses())
   return [
       "## Rules fixed before any run", "",
-      f"- Pilot: OAPL at L = {study.lag}, the middle learning rate, the tuning seed {plan.TUNE_SEED}. The current "
-      f"policy's validation pass@1 at mid-run (step {study.steps // 2}) must be at least the warm start's + "
-      f"{tuning.PILOT_GAIN} and below {tuning.PILOT_CEILING}; else the study stops (change the task: slip rate or "
-      "batch, never the losses).",
-      f"- Tuning: learning rates {', '.join(f'{lr:g}' for lr in study.learning_rates)} per loss on seed "
-      f"{plan.TUNE_SEED} (never a main seed), chosen by the area under the validation pass@1 curve (ties: the "
-      f"smaller lr); a winner at a grid edge adds {dict(study.extension)} beyond that edge for every loss of the "
-      "stage alike (one round). Every arm of a loss uses the loss's chosen lr (task B too).",
+      f"- Pilot: every primary arm ({', '.join(a.name for a in study.primary_arms())}) at its loss's middle grid "
+      f"point on the tuning seed {plan.TUNE_SEED}. The main OAPL arm's validation pass@1 at mid-run (step "
+      f"{study.steps // 2}) must be at least the warm start's + {tuning.PILOT_GAIN}, else the study stops (change the "
+      f"task, never the losses). Headroom: each primary arm's validation pass@1 at mid-run must be below "
+      f"{tuning.HEADROOM}; if any arm is not, the primary metric is the area under the validation pass@1 curve "
+      "instead of the final test pass@1.",
+      f"- Tuning, the same budget for every method: {len(study.grid('oapl'))} points per loss on seed "
+      f"{plan.TUNE_SEED} (never a main seed), each loss's learning rate x its own binding knob ({grids}). The "
+      "winner is the point with the largest area under the validation pass@1 curve (ties: the smaller lr, then "
+      "the smaller knob). Every arm of a loss uses the loss's chosen point. A winner at the grid's edge is reported, "
+      "not extended.",
+      f"- Claims 2 and 4 compare at matched validation pass@1 (per seed: the highest level both arms reached, each "
+      "arm's metric interpolated on the eval grid at its first crossing); their matched-steps forms are reported "
+      f"beside them. Claim 3 is L = {study.long_lag} ({study.steps // study.long_lag} windows) against "
+      f"L = {study.lag} with a non-inferiority margin of {claims_stats.NONINFERIORITY}. Claim 5 takes OAPL at its "
+      "best of its three arms (p x 3 for that choice).",
       f"- Power: {plan.PLANNED_N['claim']} RL seeds for every arm a claim reads, {plan.PLANNED_N['baseline']} for "
       f"the rest. The exact sign-flip p cannot fall below 2/2^n ({paired_stats.min_p(5):.4f} at n = 5, "
       f"{paired_stats.min_p(8):.4f} at n = 8), and Holm's first threshold is 0.05 / 5 = 0.01.",
-      f"- Pairing: one warm start per task, seeds {', '.join(map(str, study.seeds))}; paired cells share the seed, "
+      f"- Pairing: one warm start, seeds {', '.join(map(str, study.seeds))}; paired cells share the seed, "
       "so the prompt order and every eval draw; their configs may differ only in " + ", ".join(plan.METHOD_KEYS) + ".",
       f"- Verdicts: {paired_stats.VERDICT_RULE}", ""]
 
 
-def _headroom_lines(study: plan.Study, runs_dir: str) -> list[str]:
-  """Each primary loss at the grid's middle lr (tuning seed): validation pass@1 at mid-run and at the end, a
-  warning where it reaches the pilot's ceiling (a final pass@1 at a ceiling cannot separate the methods)."""
-  lrs = study.learning_rates
-  lines = ["| loss (middle lr, tuning seed) | val pass@1 at step 0 | at mid-run | at the end | headroom |",
-           "|---|---|---|---|---|"]
-  for loss in plan.PRIMARY_LOSSES:
-    r = results.load(runs_dir, plan.tuning_cells(study, loss, [lrs[len(lrs) // 2]])[0])
-    if r is None or not r.curve():
+def _pilot_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list[str]:
+  lines = ["## Pilot (every primary arm, its middle grid point, the tuning seed)", "", state.pilot.message, "",
+           "| arm | setting | val pass@1 at step 0 | at mid-run | at the end | headroom |", "|---|---|---|---|---|---|"]
+  for cell in plan.pilot_cells(study):
+    r = results.load(runs_dir, cell)
+    h = state.headroom.get(cell.arm.name)
+    if r is None or not r.curve() or h is None:
+      lines.append(f"| {cell.arm.name} | {_setting(cell.arm.loss, cell.setting)} | not run | | | |")
       continue
-    curve = dict(r.curve())
-    mid = min(curve, key=lambda s: (abs(s - study.steps / 2), s))
-    top = max(curve[mid], curve[max(curve)])
-    note = f"saturates (>= {tuning.PILOT_CEILING})" if top >= tuning.PILOT_CEILING else "ok"
-    lines.append(f"| {loss} | {curve[0]:.3f} | {curve[mid]:.3f} (step {mid}) | {curve[max(curve)]:.3f} | {note} |")
-  return lines if len(lines) > 2 else []
+    curve = r.curve()
+    lines.append(f"| {cell.arm.name} | {_setting(cell.arm.loss, cell.setting)} | {curve[0][1]:.3f} | {h.mid:.3f} "
+                 f"(step {h.step}) | {curve[-1][1]:.3f} | {'ok' if h.ok else f'**no** (>= {tuning.HEADROOM})'} |")
+  lines += ["", f"Primary metric: {tuning.PRIMARY_METRICS[state.primary_metric]}.", ""]
+  return lines
 
 
 def _warm_lines(state: claims.State) -> list[str]:
-  lines = ["## Warm starts (one checkpoint per task, every run starts from it)", "",
-           "| task | set | " + " | ".join(["pass@1", "pass@k (largest k)"]) + " |", "|---|---|---|---|"]
-  for task, ev in state.warm.items():
-    for split in ("val", "test"):
-      for name, m in (ev or {}).get(split, {}).items():
-        kmax = max(int(k[5:]) for k in m if k.startswith("pass@"))
-        lines.append(f"| {task} | {name} | {m['pass@1']:.3f} | pass@{kmax} {m[f'pass@{kmax}']:.3f} |")
-  if state.hard_tail is not None:
-    lines += ["", state.hard_tail[1]]
+  lines = ["## The warm start (one checkpoint, every run starts from it)", "",
+           "| set | pass@1 | pass@k (largest k) |", "|---|---|---|"]
+  for split in ("val", "test"):
+    for name, m in (state.warm or {}).get(split, {}).items():
+      kmax = max(int(k[5:]) for k in m if k.startswith("pass@"))
+      lines.append(f"| {split}: {name} | {m['pass@1']:.3f} | pass@{kmax} {m[f'pass@{kmax}']:.3f} |")
+  if state.warm and "command" in state.warm:
+    lines += ["", f"Made in {state.warm.get('build_seconds', float('nan')):.0f} s by `{state.warm['command']}`."]
   return lines + [""]
 
 
 def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list[str]:
   lines = ["## Tuning (seed %d; validation pass@1 of the current policy on the step grid)" % plan.TUNE_SEED, "",
-           "| loss | tuned in | lr | AUC (mean val pass@1) | final val pass@1 | chosen |", "|---|---|---|---|---|---|"]
+           "| loss | tuned in | lr | knob | AUC (mean val pass@1) | final val pass@1 | chosen |",
+           "|---|---|---|---|---|---|---|"]
   for loss, scores in state.tuning.items():
-    for lr in sorted(scores):
-      r = results.load(runs_dir, plan.tuning_cells(study, loss, [lr])[0])
+    for setting in sorted(scores):
+      r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
       final = r.curve()[-1][1] if r is not None and r.curve() else float("nan")
-      score = _f(scores[lr]) if scores[lr] is not None else "not run"
-      lines.append(f"| {loss} | {study.tuning_arm(loss).name} | {lr:g} | {score} | {_f(final)} | "
-                   f"{'yes' if state.chosen.get(loss) == lr else ''} |")
-  for stage, extra in state.extended.items():
-    lines.append(f"\n{stage}: edge extension {', '.join(f'{x:g}' for x in extra) if extra else 'none needed'}.")
-  edge_winners = [loss for loss, lr in state.chosen.items()
-                  if tuning.edge(sorted(state.tuning.get(loss, {})), lr) and len(state.tuning.get(loss, {})) > 1]
-  if edge_winners:
-    lines.append("\nStill at an edge after the extension round (reported, not extended again): "
-                 f"{', '.join(edge_winners)}.")
+      score = _f(scores[setting]) if scores[setting] is not None else "not run"
+      lines.append(f"| {loss} | {study.tuning_arm(loss).name} | {setting[0]:g} | "
+                   f"{plan.KNOBS[loss][0].rsplit('.', 1)[1]} {setting[1]:g} | {score} | {_f(final)} | "
+                   f"{'yes' if tuple(state.chosen.get(loss, ())) == tuple(setting) else ''} |")
+  edges = [loss for loss, (lr, v) in state.chosen.items()
+           if tuning.edge(study.learning_rates, lr) or tuning.edge(plan.KNOBS[loss][1], v)]
+  if edges and not study.smoke:
+    lines.append(f"\nWinners at an edge of their grid (reported, not extended): {', '.join(edges)}.")
   return lines + [""]
 
 
@@ -112,7 +123,7 @@ def _claim_lines(outcomes: list[claims_stats.Outcome]) -> list[str]:
            "|---|---|---|---|---|---|---|---|---|"]
   for o in outcomes:
     s, c = o.summary, o.claim
-    lines.append(f"| {c.key} | {c.title} | {c.arm} vs {c.comparator} | {s.n} ({o.planned_n}) | {_f(s.mean, 4, True)} | "
+    lines.append(f"| {c.key} | {c.title} | {o.arm} vs {c.comparator} | {s.n} ({o.planned_n}) | {_f(s.mean, 4, True)} | "
                  f"{_interval(s)} | {_p(s.p)} | {_p(o.holm_p)} | **{o.verdict}** |")
   lines.append("")
   for o in outcomes:
@@ -127,12 +138,12 @@ def _claim_lines(outcomes: list[claims_stats.Outcome]) -> list[str]:
   return lines + [""]
 
 
-def _secondary_lines(study: plan.Study, runs) -> list[str]:
+def _secondary_lines(study: plan.Study, runs, primary: str) -> list[str]:
   lines = ["## Other paired comparisons (outside the Holm family: unadjusted, descriptive)", "",
            "| comparison | n | mean diff | 95% t-interval | sign-flip p |", "|---|---|---|---|---|"]
-  for label, arm, comparator, value in claims_stats.secondary_pairs(study):
-    seeds, diffs = paired_stats.differences(claims_stats.per_seed(runs, arm, value),
-                                            claims_stats.per_seed(runs, comparator, value))
+  for row in claims_stats.secondary_pairs(study, primary):
+    label = row[0]
+    seeds, diffs = claims_stats.secondary_diffs(runs, row)
     if not seeds:
       continue
     s = paired_stats.paired(diffs)
@@ -142,20 +153,20 @@ def _secondary_lines(study: plan.Study, runs) -> list[str]:
 
 def _arm_lines(study: plan.Study, runs, state: claims.State) -> list[str]:
   lines = ["## Arms (means over seeds, for orientation only: the claims above rest on paired differences)", "",
-           "| arm | loss | shape | L | lr | generations/step | n | test pass@1 | late entropy | "
+           "| arm | loss | shape | L | setting | generations/step | n | test pass@1 | late entropy | "
            + " | ".join(f"gens to {t}" for t in claims_stats.TARGETS) + " | GRPO clip fraction |",
            "|---|---|---|---|---|---|---|---|---|" + "---|" * len(claims_stats.TARGETS) + "---|"]
   for key, arm in study.arms().items():
     rs = list(runs.get(key, {}).values())
     if not rs:
-      lines.append(f"| {key} | {arm.loss} | {arm.shape} | {arm.lag} | {state.chosen.get(arm.loss, 'untuned')} | | 0 | "
+      chosen = _setting(arm.loss, state.chosen[arm.loss]) if arm.loss in state.chosen else "untuned"
+      lines.append(f"| {key} | {arm.loss} | {arm.shape} | {arm.lag} | {chosen} | | 0 | "
                    + "| " * (3 + len(claims_stats.TARGETS)))
       continue
-    split = "test" if arm.task == "arithmetic" else "test_hard"
     gens = [f"{np.median([r.generations_to(t) for r in rs]):.0f}" for t in claims_stats.TARGETS]
     clip = np.mean([r.train_mean("clip_fraction") for r in rs]) if arm.loss.startswith("grpo") else float("nan")
-    pass1 = f"{np.mean([r.test(split, 'pass@1') for r in rs]):.3f}{' (hard half)' if split != 'test' else ''}"
-    lines.append(f"| {key} | {arm.loss} | {arm.shape} | {arm.lag} | {rs[0].cell.lr:g} | "
+    pass1 = f"{np.mean([r.test_mean('pass@1') for r in rs]):.3f}"
+    lines.append(f"| {key} | {arm.loss} | {arm.shape} | {arm.lag} | {_setting(arm.loss, rs[0].cell.setting)} | "
                  f"{rs[0].generations_per_step:g} | {len(rs)} | {pass1} | "
                  f"{np.mean([claims_stats.late_entropy(r) for r in rs]):.3f} | " + " | ".join(gens)
                  + f" | {_f(clip, 4) if np.isfinite(clip) else ''} |")
@@ -166,8 +177,8 @@ def _arm_lines(study: plan.Study, runs, state: claims.State) -> list[str]:
 
 def pairing_problems(study: plan.Study, runs_dir: str, runs) -> list[str]:
   """Differences beyond the method's fields between the recorded configs of cells paired by seed."""
-  pairs = [(c.arm, c.comparator) for c in claims_stats.claims(study)]
-  pairs += [(a, b) for _, a, b, _ in claims_stats.secondary_pairs(study)]
+  pairs = [(a, c.comparator) for c in claims_stats.claims(study) for a in (c.candidates or (c.arm,))]
+  pairs += [(row[1], row[2]) for row in claims_stats.secondary_pairs(study)]
   problems = []
   for arm, comparator in pairs:
     for seed in sorted(set(runs.get(arm, {})) & set(runs.get(comparator, {}))):
@@ -182,11 +193,11 @@ def pairing_problems(study: plan.Study, runs_dir: str, runs) -> list[str]:
 def _wall_lines(runs_dir: str, study: plan.Study, state: claims.State, elapsed: Optional[float]) -> list[str]:
   finals = [results.read_json(os.path.join(d, results.FINAL_EVAL)) for d, _, files in os.walk(runs_dir)
             if results.FINAL_EVAL in files]
-  warm = sum((w or {}).get("wall_seconds", 0.0) for w in state.warm.values())
+  warm = (state.warm or {}).get("wall_seconds", 0.0)
   total = sum(f["wall_seconds"] for f in finals) + warm
   per_step = [f["train_seconds"] / f["trainer_steps"] for f in finals if f.get("trainer_steps")]
   median = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
-  lines = ["## Wall time", "", f"{len(finals)} runs: {total / 60:.1f} min of run time, warm starts included "
+  lines = ["## Wall time", "", f"{len(finals)} runs: {total / 60:.1f} min of run time, the warm start included "
            f"({warm / 60:.1f} min); per run {median([f['wall_seconds'] for f in finals]):.0f} s median, "
            f"{median(per_step):.2f} s per trainer step (evals and the test eval included)."]
   if elapsed is not None:
@@ -197,15 +208,18 @@ def _wall_lines(runs_dir: str, study: plan.Study, state: claims.State, elapsed: 
 def _command_lines(study: plan.Study, runs_dir: str, runs, state: claims.State) -> list[str]:
   cells = [r.cell for by_seed in runs.values() for r in by_seed.values()]
   cells += [c for loss, scores in state.tuning.items() for c in plan.tuning_cells(study, loss, sorted(scores))]
-  task = "arithmetic"
+  cells += [c for c in plan.pilot_cells(study) if c not in cells]
+  which = f"--task {study.name}" if study.config.startswith("configs/claims.py") else \
+      f"--config {study.config.split(':', 1)[1]}"
+  warm = claims.warm_dir_of(runs_dir, study)
   lines = ["## Rerunning one cell", "",
-           f"The harness, training and the test eval: `python -m experiments.study --task {task} --out <dir> --runs "
+           f"The harness, training and the test eval: `python -m experiments.study {which} --out <dir> --runs "
            f"{runs_dir}{' --smoke' if study.smoke else ''} --cell <cell>` (the cell names below). Training alone, the "
            "same config exactly (metrics.jsonl holds the validation curve; the test eval is the harness's):", "",
            "<details><summary>python -m oapl_jax.main commands, one per cell</summary>", ""]
   for cell in cells:
-    warm = claims.warm_dir_of(runs_dir, cell.arm.task)
-    lines.append(f"- `{cell.name}`: `{plan.command(study, cell, warm, os.path.join(runs_dir, cell.name))}`")
+    if results.load(runs_dir, cell) is not None:
+      lines.append(f"- `{cell.name}`: `{plan.command(study, cell, warm, os.path.join(runs_dir, cell.name))}`")
   return lines + ["", "</details>", ""]
 
 
@@ -213,19 +227,22 @@ def write_report(study: plan.Study, runs_dir: str, out_dir: str, state: claims.S
                  elapsed: Optional[float] = None) -> str:
   os.makedirs(out_dir, exist_ok=True)
   runs = collect(study, runs_dir, state)
-  outcomes = claims_stats.evaluate_claims(study, runs, state.warm)
-  lines = [f"# The paper's claims in miniature{' (smoke)' if study.smoke else ''}", "",
-           f"Tasks: A `configs/claims.py:arithmetic` (the demo's slip-fix addition), B `configs/claims.py:hard_tail` "
-           f"(the teacher always wrong on odd first operands). S = {study.steps} trainer steps per run, "
-           f"B = {study.batch} prompts x 8 per step, policy eval every {study.every_steps} steps. "
+  outcomes = claims_stats.evaluate_claims(study, runs, state.primary_metric)
+  lines = [f"# The paper's claims in miniature: {study.name}{' (smoke)' if study.smoke else ''}", "",
+           f"Config `{study.config}`. S = {study.steps} trainer steps per run, B = {study.batch} prompts per step, "
+           f"lags L = {study.lag} and {study.long_lag}, policy eval every {study.every_steps} steps. "
            f"Runs in `{runs_dir}`.", ""]
+  if state.checked is not None:
+    lines += [f"Config and data checked before any run (run/check, the task's own checks, the reward probed): "
+              f"{len(state.checked)} warning(s){': ' + '; '.join(state.checked) if state.checked else ''}.", ""]
   if state.stopped:
     lines += [f"**The study stopped: {state.stopped}**", ""]
+  lines += rules_lines(study) + _warm_lines(state)
   if state.pilot is not None:
-    went_on = "" if state.pilot.ok or not study.smoke else " (smoke: went on)"
-    lines += ["## Pilot", "", state.pilot.message + went_on, "", *_headroom_lines(study, runs_dir), ""]
-  lines += rules_lines(study) + _warm_lines(state) + _tuning_lines(study, runs_dir, state)
-  lines += _claim_lines(outcomes) + _secondary_lines(study, runs) + _arm_lines(study, runs, state)
+    lines += _pilot_lines(study, runs_dir, state)
+  lines += _tuning_lines(study, runs_dir, state)
+  lines += _claim_lines(outcomes) + _secondary_lines(study, runs, state.primary_metric)
+  lines += _arm_lines(study, runs, state)
   problems = pairing_problems(study, runs_dir, runs)
   lines += ["## Pairing check", "", "Recorded configs of cells paired by seed differ only in the method's fields."
             if not problems else "**Paired cells differ beyond the method:** " + "; ".join(problems), ""]

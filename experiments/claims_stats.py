@@ -1,25 +1,88 @@
 """The five claims as paired tests, each fixed before any run: which arms, which per-seed number, which
 direction. Every claim is one paired difference per RL seed; the five sign-flip p-values are Holm-adjusted
 together (experiments/paired_stats.py); the comparisons outside the family are reported unadjusted.
+
+Matched progress. Entropy and pass@k are compared at matched validation pass@1 (claims 2 and 4), not only at
+matched steps, where a slower method's higher entropy is its lower pass@1: for one seed the level is the highest
+validation pass@1 both arms reached (min of their peaks); each arm's metric is read, linearly interpolated on
+the eval grid, at the step where its pass@1 curve first reaches that level (also interpolated).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from experiments import paired_stats, plan, tuning
+from experiments import paired_stats, plan
 from experiments.results import RunResult
 
 TARGETS = (0.5, 0.8)  # claim 5: validation pass@1 levels to reach
+NONINFERIORITY = 0.05  # claim 3: L = LL no worse than L by more than this (pass@1 or AUC units)
 CLAIM5_RULE = ("per seed, the mean over the targets the warm start is below of log2(generations GRPO / generations "
                "OAPL) to reach them (the crossing interpolated between grid steps); a target neither reaches counts "
                "0; one only OAPL reaches counts max(log2(GRPO's budget / OAPL's), 0), one only GRPO reaches "
                "min(log2(GRPO's / OAPL's budget), 0)")
+Curve = Sequence[tuple[float, float]]
 
 
+# ------------------------------------------------------------------------------ matched progress
+def interpolate(curve: Curve, x: float) -> float:
+  """The curve's value at x, linear between its points; nan outside its span or for an empty curve."""
+  if not curve or not curve[0][0] <= x <= curve[-1][0]:
+    return float("nan")
+  xs, ys = zip(*curve)
+  return float(np.interp(x, xs, ys))
+
+
+def first_crossing(curve: Curve, level: float) -> float:
+  """The step where the curve first reaches `level`, linear between the grid points around it (its first step
+  when it starts there); nan if it never does."""
+  if not curve:
+    return float("nan")
+  if curve[0][1] >= level:
+    return float(curve[0][0])
+  for (s0, v0), (s1, v1) in zip(curve, curve[1:]):
+    if v1 >= level:
+      return s0 + (level - v0) / (v1 - v0) * (s1 - s0)
+  return float("nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Matched:
+  level: float  # the validation pass@1 both reached
+  step_a: float
+  step_b: float
+  value_a: float
+  value_b: float
+
+  @property
+  def diff(self) -> float:
+    return self.value_a - self.value_b
+
+
+def matched_at_pass1(pass1_a: Curve, metric_a: Curve, pass1_b: Curve, metric_b: Curve) -> Matched:
+  """Two runs' metric at matched validation pass@1 (the module docstring's rule); nan values when neither rose
+  above the common start."""
+  level = min(max(v for _, v in pass1_a), max(v for _, v in pass1_b))
+  if level <= max(pass1_a[0][1], pass1_b[0][1]):  # no progress both made: nothing to match
+    return Matched(level, float("nan"), float("nan"), float("nan"), float("nan"))
+  sa, sb = first_crossing(pass1_a, level), first_crossing(pass1_b, level)
+  return Matched(level, sa, sb, interpolate(metric_a, sa), interpolate(metric_b, sb))
+
+
+def matched_pair(metric: Callable[[RunResult], Curve]) -> Callable[[RunResult, RunResult], float]:
+  """Per seed: arm's metric minus comparator's at matched validation pass@1."""
+  return lambda a, b: matched_at_pass1(a.curve(), metric(a), b.curve(), metric(b)).diff
+
+
+def passk_gap_curve(r: RunResult) -> list[tuple[int, float]]:
+  """Validation pass@k_max - pass@1 on the eval grid (k_max: the largest k the loop's eval logs)."""
+  return [(s, v - p) for (s, v), (_, p) in zip(r.curve(f"pass@{r.val_kmax()}"), r.curve())]
+
+
+# ------------------------------------------------------------------------------ per-run numbers
 def claim5_log_ratio(oapl: RunResult, grpo: RunResult, targets=TARGETS) -> float:
   """CLAIM5_RULE for one seed (nan when the warm start is at or above every target)."""
   parts = []
@@ -38,12 +101,29 @@ def claim5_log_ratio(oapl: RunResult, grpo: RunResult, targets=TARGETS) -> float
   return float(np.mean(parts)) if parts else float("nan")
 
 
-def test_pass(split: str, k: int) -> Callable[[RunResult], float]:
-  return lambda r: r.test(split, f"pass@{k}")
+def test_pass1(r: RunResult) -> float:
+  return r.test_mean("pass@1")
+
+
+def test_passk_gap(r: RunResult) -> float:
+  """Test pass@k_max - pass@1 of the final policy (mean over the test sets)."""
+  return r.test_mean(f"pass@{r.test_kmax()}") - r.test_mean("pass@1")
+
+
+def val_auc(r: RunResult) -> float:
+  from experiments import tuning  # pylint: disable=import-outside-toplevel
+  return tuning.auc(r.curve())
 
 
 def late_entropy(r: RunResult) -> float:
   return r.late_mean("token_entropy")
+
+
+def primary_value(metric: str) -> tuple[Callable[[RunResult], float], str]:
+  """(per-run value, words) of the primary metric the pilot chose ('final' or 'auc')."""
+  if metric == "auc":
+    return val_auc, "the area under the validation pass@1 curve (mean level over the run)"
+  return test_pass1, "test pass@1 of the final policy (T 0.6, top-p 0.95; mean over the test sets)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,37 +131,41 @@ class Claim:
   key: str  # '1'..'5'
   title: str
   arm: str  # the claimed-better arm (Study.arms key)
-  comparator: str  # an arm, or 'warm start'
+  comparator: str  # an arm
   statistic: str  # what one seed contributes, in words
   value: Optional[Callable[[RunResult], float]] = None  # per-run number (the difference is arm - comparator)
   pair: Optional[Callable[[RunResult, RunResult], float]] = None  # or a per-seed number of the pair itself
-  margin: Optional[float] = None
+  shift: float = 0.0  # added to every difference before the test (claim 3's non-inferiority margin)
+  candidates: tuple[str, ...] = ()  # claim 5: the arm is the best of these (its p times their number)
   units: str = ""
 
 
-def claims(study: plan.Study) -> list[Claim]:
+def claims(study: plan.Study, primary: str = "final") -> list[Claim]:
   L, LL = study.lag, study.long_lag
-  kmax = 8 if study.smoke else 256
+  value, words = primary_value(primary)
   return [
-      Claim("1", "OAPL beats GRPO (off-by-one) on pass@1", f"oapl_L{L}", "grpo_obo",
-            "task A test pass@1 of the final policy (T 0.6, top-p 0.95)", test_pass("test", 1)),
-      Claim("2", "OAPL keeps a higher entropy", f"oapl_L{L}", "grpo_obo",
-            "the current policy's own per-token entropy on its T = 1 samples (policy_eval/val/token_entropy), "
-            "mean over the grid steps of the run's second half", late_entropy, units="nats/token"),
-      Claim("3", f"OAPL at L = {LL} still learns", f"oapl_L{LL}", "warm start",
-            f"task A test pass@1 at the end minus the warm start's; supported only if the interval's lower end "
-            f"clears +{tuning.PILOT_GAIN}", test_pass("test", 1), margin=tuning.PILOT_GAIN),
-      Claim("4", f"OAPL scales better under pass@k (k = {kmax}, hard half)", f"hard_tail/oapl_L{L}",
-            "hard_tail/grpo_obo", f"task B test pass@{kmax} on the hard half (the teacher always wrong there)",
-            test_pass("test_hard", kmax)),
-      Claim("5", "OAPL needs fewer generations (each rollout used twice)", f"oapl_L{L}_reuse2", "grpo_obo",
-            CLAIM5_RULE, pair=lambda a, b: claim5_log_ratio(a, b), units="log2 ratio"),
+      Claim("1", "OAPL beats GRPO (off-by-one) on pass@1", f"oapl_L{L}", "grpo_obo", words, value),
+      Claim("2", "OAPL keeps a higher entropy (at matched validation pass@1)", f"oapl_L{L}", "grpo_obo",
+            "the current policy's own per-token entropy on its T = 1 samples (policy_eval/<val>/token_entropy) at "
+            "matched validation pass@1", pair=matched_pair(lambda r: r.curve("token_entropy")), units="nats/token"),
+      Claim("3", f"OAPL at L = {LL} about as good as L = {L} ({study.steps // LL} windows)", f"oapl_L{LL}",
+            f"oapl_L{L}", f"{words}, L = {LL} minus L = {L}, plus the non-inferiority margin {NONINFERIORITY}: "
+            f"supported when L = {LL} is shown no worse than L = {L} by more than {NONINFERIORITY}", value,
+            shift=NONINFERIORITY),
+      Claim("4", "OAPL scales better under pass@k (pass@k - pass@1 at matched validation pass@1)", f"oapl_L{L}",
+            "grpo_obo", "validation pass@k_max - pass@1 (k_max: the loop eval's largest k) at matched validation "
+            "pass@1", pair=matched_pair(passk_gap_curve)),
+      Claim("5", "OAPL at its best needs fewer generations", f"oapl_L{L}", "grpo_obo",
+            CLAIM5_RULE + f"; OAPL's arm is the best (largest mean) of oapl_L{L}, oapl_L{L}_reuse2 and oapl_L{LL}, "
+            "its p multiplied by 3 for that choice", pair=claim5_log_ratio,
+            candidates=(f"oapl_L{L}", f"oapl_L{L}_reuse2", f"oapl_L{LL}"), units="log2 ratio"),
   ]
 
 
 @dataclasses.dataclass
 class Outcome:
   claim: Claim
+  arm: str
   seeds: list[int]
   summary: paired_stats.Paired
   planned_n: int
@@ -93,47 +177,77 @@ def per_seed(runs: dict[str, dict[int, RunResult]], arm: str, value: Callable) -
   return {seed: value(r) for seed, r in runs.get(arm, {}).items()}
 
 
-def evaluate_claims(study: plan.Study, runs: dict[str, dict[int, RunResult]], warm: dict) -> list[Outcome]:
-  """runs: arm key -> seed -> result (main seeds only). warm: task -> warm start eval.json (claim 3)."""
+def pair_diffs(runs, arm: str, comparator: str, pair: Callable) -> tuple[list[int], list[float]]:
+  a, b = runs.get(arm, {}), runs.get(comparator, {})
+  values = {s: pair(a[s], b[s]) for s in sorted(set(a) & set(b))}
+  seeds = [s for s, v in values.items() if np.isfinite(v)]
+  return seeds, [values[s] for s in seeds]
+
+
+def _one(c: Claim, arm: str, runs) -> tuple[list[int], list[float]]:
+  if c.pair is not None:
+    seeds, diffs = pair_diffs(runs, arm, c.comparator, c.pair)
+  else:
+    seeds, diffs = paired_stats.differences(per_seed(runs, arm, c.value), per_seed(runs, c.comparator, c.value))
+  return seeds, [d + c.shift for d in diffs]
+
+
+def evaluate_claims(study: plan.Study, runs: dict[str, dict[int, RunResult]], primary: str = "final") -> list[Outcome]:
+  """runs: arm key -> seed -> result (main seeds only)."""
   arms = study.arms()
   out = []
-  for c in claims(study):
-    if c.pair is not None:
-      a, b = runs.get(c.arm, {}), runs.get(c.comparator, {})
-      values = {s: c.pair(a[s], b[s]) for s in sorted(set(a) & set(b))}
-      seeds = [s for s, v in values.items() if np.isfinite(v)]
-      diffs = [values[s] for s in seeds]
-    elif c.comparator == "warm start":
-      start = (warm.get(arms[c.arm].task) or {}).get("test", {}).get("test", {}).get("pass@1")
-      mine = per_seed(runs, c.arm, c.value)
-      seeds = sorted(mine) if start is not None else []
-      diffs = [mine[s] - start for s in seeds]
-    else:
-      seeds, diffs = paired_stats.differences(per_seed(runs, c.arm, c.value), per_seed(runs, c.comparator, c.value))
-    planned_n = min(plan.planned(study, arms[c.arm]),
-                    plan.planned(study, arms[c.comparator]) if c.comparator in arms else 99)
-    out.append(Outcome(c, seeds, paired_stats.paired(diffs), planned_n))
+  for c in claims(study, primary):
+    arm = c.arm
+    if c.candidates:  # the best candidate by mean; its p then carries the choice (x the number of candidates)
+      scored = {a: _one(c, a, runs) for a in c.candidates if a in arms}
+      scored = {a: sd for a, sd in scored.items() if sd[1]}
+      if scored:
+        arm = max(scored, key=lambda a: (np.mean(scored[a][1]), -c.candidates.index(a)))
+    seeds, diffs = _one(c, arm, runs)
+    summary = paired_stats.paired(diffs)
+    if c.candidates and np.isfinite(summary.p):
+      summary = dataclasses.replace(summary, p=min(1.0, summary.p * len(c.candidates)))
+    planned_n = min(plan.planned(study, arms[arm]), plan.planned(study, arms[c.comparator]))
+    out.append(Outcome(c, arm, seeds, summary, planned_n))
   adjusted = paired_stats.holm({o.claim.key: o.summary.p for o in out})
   for o in out:
     o.holm_p = adjusted[o.claim.key]
-    o.verdict = paired_stats.verdict(o.summary, o.holm_p, margin=o.claim.margin, planned_n=o.planned_n)
+    o.verdict = paired_stats.verdict(o.summary, o.holm_p, planned_n=o.planned_n)
   return out
 
 
-def secondary_pairs(study: plan.Study) -> list[tuple[str, str, str, Callable]]:
-  """(label, arm, comparator, per-run value): the comparisons outside the Holm family (unadjusted p)."""
+def secondary_pairs(study: plan.Study, primary: str = "final") -> list[tuple[str, str, str, Callable, bool]]:
+  """(label, arm, comparator, per-run value or per-seed pair value, is_pair): the comparisons outside the Holm
+  family (unadjusted p), the matched-steps forms of claims 2 and 4 among them."""
   L, LL = study.lag, study.long_lag
-  p1 = test_pass("test", 1)
-  rows = [("OAPL L=%d vs on-policy GRPO, test pass@1" % L, f"oapl_L{L}", "grpo_onpolicy", p1),
-          ("GRPO off-by-one vs on-policy GRPO, test pass@1", "grpo_obo", "grpo_onpolicy", p1),
-          (f"OAPL L={LL} vs L={L}, test pass@1", f"oapl_L{LL}", f"oapl_L{L}", p1),
-          (f"OAPL L={L} reuse-2 vs fresh, test pass@1 (half the generations)", f"oapl_L{L}_reuse2", f"oapl_L{L}", p1),
-          ("task B easy half: OAPL vs GRPO off-by-one, test pass@1", f"hard_tail/oapl_L{L}", "hard_tail/grpo_obo",
-           test_pass("test_easy", 1)),
-          ("task B hard half: OAPL vs GRPO off-by-one, test pass@1", f"hard_tail/oapl_L{L}", "hard_tail/grpo_obo",
-           test_pass("test_hard", 1))]
-  rows += [(f"OAPL L={L} vs {loss.upper()} L={L}, test pass@1", f"oapl_L{L}", f"{loss}_L{L}", p1)
+  value, _ = primary_value(primary)
+  p1 = test_pass1
+  rows = [(f"claim 2 at matched steps: late entropy (second half's grid mean), OAPL L={L} vs GRPO off-by-one",
+           f"oapl_L{L}", "grpo_obo", late_entropy, False),
+          (f"claim 4 at matched steps: test pass@k_max - pass@1 at the end, OAPL L={L} vs GRPO off-by-one",
+           f"oapl_L{L}", "grpo_obo", test_passk_gap, False),
+          (f"claim 1 on the other metric: {'val AUC' if primary == 'final' else 'final test pass@1'}, OAPL L={L} "
+           "vs GRPO off-by-one", f"oapl_L{L}", "grpo_obo", val_auc if primary == "final" else p1, False),
+          (f"OAPL L={L} vs on-policy GRPO, primary metric", f"oapl_L{L}", "grpo_onpolicy", value, False),
+          ("GRPO off-by-one vs on-policy GRPO, primary metric", "grpo_obo", "grpo_onpolicy", value, False),
+          (f"OAPL L={LL} vs L={L}, primary metric (no margin)", f"oapl_L{LL}", f"oapl_L{L}", value, False),
+          (f"OAPL L={L} reuse-2 vs fresh, primary metric (half the generations)", f"oapl_L{L}_reuse2",
+           f"oapl_L{L}", value, False),
+          (f"claim 5 per arm: OAPL L={L} fresh vs GRPO off-by-one, log2 generations ratio", f"oapl_L{L}",
+           "grpo_obo", claim5_log_ratio, True),
+          (f"claim 5 per arm: OAPL L={L} reuse-2 vs GRPO off-by-one, log2 generations ratio", f"oapl_L{L}_reuse2",
+           "grpo_obo", claim5_log_ratio, True),
+          (f"claim 5 per arm: OAPL L={LL} vs GRPO off-by-one, log2 generations ratio", f"oapl_L{LL}",
+           "grpo_obo", claim5_log_ratio, True)]
+  rows += [(f"OAPL L={L} vs {loss.upper()} L={L}, primary metric", f"oapl_L{L}", f"{loss}_L{L}", value, False)
            for loss in plan.SECONDARY_LOSSES]
-  rows += [(f"OAPL L=1 beta1={b:g} vs beta1=1, test pass@1", f"oapl_L1_beta1_{b:g}", "oapl_L1_beta1_1", p1)
-           for b in plan.BETA1_PROBE if b != 1.0]
+  rows += [(f"OAPL L=1 beta1={b:g} vs beta1=1, primary metric", f"oapl_L1_beta1_{b:g}", "oapl_L1_beta1_1", value,
+            False) for b in plan.BETA1_PROBE if b != 1.0]
   return rows
+
+
+def secondary_diffs(runs, row) -> tuple[list[int], list[float]]:
+  _, arm, comparator, fn, is_pair = row
+  if is_pair:
+    return pair_diffs(runs, arm, comparator, fn)
+  return paired_stats.differences(per_seed(runs, arm, fn), per_seed(runs, comparator, fn))

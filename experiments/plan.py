@@ -1,38 +1,45 @@
-"""The claims study's plan: its arms (a method as run), cells (arm x learning rate x seed), their configs and
-commands, and the priority order that lets a study cut short still cover every claim at a lower n.
+"""The claims study's plan, declared before any run: its arms (a method as run), each loss's tuning grid (the
+same budget for every method: 3 learning rates x 3 values of the method's own binding knob), cells (arm x
+setting x seed), their configs and commands, and the priority order that lets a study cut short still cover
+every claim at a lower n. One study is one task: any training config (experiments/task_config.py).
 
-Arms. B = loop.batch_prompts, G = loop.group_size, S trainer steps, main lag L (configs/claims.py):
+Arms. B = loop.batch_prompts, G = loop.group_size, S trainer steps, main lag L, long lag LL:
   fresh       sync_every=L, steps_per_rollout=1, prompts_per_rollout=B: each step draws one chunk of B x G
               generated for it by the window's snapshot (OAPL's Algorithm 1 at lag L)
-  reuse2      as fresh, but steps_per_rollout=2: a chunk of B x G every 2 steps and each step draws B least-used
-              groups, so every group is trained on twice and a run generates half (the paper's fewer
-              generations: each rollout reused for 2 steps); equal steps, half the generations
-  off_by_one  sync_every=2, steps_per_rollout=2, prompts_per_rollout=2B, sampler_delay_windows=1: a window's
-              one chunk of 2B x G comes from the params at the start of the previous window and is split into
-              2 mini-batches (2 updates), so GRPO's ratio to pi_old (the round's first params) moves and the
-              clip acts (the paper's asynchronous off-by-one baseline)
+  reuse2      as fresh, but steps_per_rollout=2: every group is trained on twice; half the generations
+  off_by_one  sync_every=2, steps_per_rollout=2, prompts_per_rollout=2B, sampler_delay_windows=1: the paper's
+              asynchronous off-by-one GRPO (one chunk from the previous window's params, 2 updates on it)
   on_policy   sync_every=1, steps_per_rollout=1, prompts_per_rollout=B: a fresh snapshot every step
 Every shape but reuse2 generates B x G per step: the equal generation budget.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import shlex
-from typing import Sequence
+from typing import Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_FILE = os.path.join(REPO, "configs", "claims.py")
-TASKS = ("arithmetic", "hard_tail")  # task A (pass@1, entropy, lags, generations), task B (pass@k per half)
-TUNE_SEED = 1000  # the tuning runs' seed; the main cells use 0..7, never this one
+CLAIMS_CONFIG = os.path.join(REPO, "configs", "claims.py")
+TASK_CONFIG = os.path.join(REPO, "experiments", "task_config.py")
+NAMED_TASKS = ("arithmetic", "hard_tail")  # --task NAME: configs/claims.py:NAME
+TUNE_SEED = 1000  # the tuning and pilot runs' seed; the main cells use 0..7, never this one
 MAIN_SEEDS = tuple(range(8))
 # the power rule, fixed before any run: 8 seeds for every arm a claim's test reads (the sign-flip p cannot
 # fall below 2/2^n: 0.0625 at n = 5, under 0.05 / 5 = 0.01, Holm's first threshold, only from n = 8);
 # 5 for the baselines and probes that are reported but take no part in the Holm family
 PLANNED_N = {"claim": 8, "baseline": 5, "secondary": 5, "probe": 5}
 SEED_ROUNDS = (2, 5, 8)  # round-robin: seeds [0, 2) of every arm, then [2, 5), then [5, 8)
-LEARNING_RATES = (3e-5, 1e-4, 3e-4)  # every tuned loss; the demo's OAPL lr 1e-4 in the middle
-EXTENSION = {"low": 1e-5, "high": 1e-3}  # one point beyond an edge winner, added for every loss alike
+LEARNING_RATES = (3e-5, 1e-4, 3e-4)  # every tuned loss alike
+# each loss's own binding knob (the dotted field and 3 values, the middle one the default): OAPL's pace at a
+# fixed lag is set by beta2 (one window moves a response's odds by about e^{A/beta2}), GRPO's by its clip
+KNOBS = {"oapl": ("trainer.loss_settings.oapl.beta2", (0.1, 0.25, 0.5)),
+         "grpo": ("trainer.loss_settings.grpo.clip_eps", (0.1, 0.2, 0.3)),
+         "grpo_onpolicy": ("trainer.loss_settings.grpo_onpolicy.clip_eps", (0.1, 0.2, 0.3)),
+         "opmd": ("trainer.loss_settings.opmd.tau", (0.5, 1.0, 2.0)),
+         "asymre": ("trainer.loss_settings.asymre.shift", (-0.2, -0.1, 0.0))}
 PRIMARY_LOSSES = ("oapl", "grpo", "grpo_onpolicy")  # tuned first; opmd and asymre only if the budget allows
 SECONDARY_LOSSES = ("opmd", "asymre")
 BETA1_PROBE = (0.5, 1.0, 4.0)  # OAPL at L = 1 (lowest priority)
@@ -44,8 +51,7 @@ METHOD_KEYS = ("trainer.loss", "trainer.loss_settings", "trainer.optim.lr", "loo
 @dataclasses.dataclass(frozen=True)
 class Arm:
   name: str  # e.g. 'oapl_L50', 'grpo_obo'
-  task: str  # 'arithmetic' | 'hard_tail'
-  loss: str  # its learning rate is the loss's tuned one
+  loss: str  # its setting is the loss's tuned one
   shape: str  # 'fresh' | 'reuse2' | 'off_by_one' | 'on_policy'
   lag: int
   tier: str  # 'claim' | 'baseline' | 'secondary' | 'probe' (PLANNED_N)
@@ -56,66 +62,118 @@ class Arm:
     return PLANNED_N[self.tier]
 
 
+Setting = tuple[float, float]  # (learning rate, the loss's knob value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Cell:
   arm: Arm
-  lr: float
+  setting: Setting
   seed: int
+  task: str = "task"  # the study's name (the run directory's first part)
+
+  @property
+  def lr(self) -> float:
+    return self.setting[0]
 
   @property
   def name(self) -> str:
     """The run directory, relative to the study's runs directory."""
-    return f"{self.arm.task}/{self.arm.name}/lr{self.lr:g}/seed{self.seed}"
+    knob = KNOBS[self.arm.loss][0].rsplit(".", 1)[1]
+    return f"{self.task}/{self.arm.name}/lr{self.lr:g}_{knob}{self.setting[1]:g}/seed{self.seed}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Study:
+  name: str  # the task's name in directories and the report
+  config: str  # the cells' config spec (FILE[:ARG]; experiments/task_config.py:USER_SPEC for a user's config)
   smoke: bool
   steps: int  # S
-  lag: int  # the main lag (50)
-  long_lag: int  # claim 3's (100): half the run on the warm start's snapshot
-  batch: int  # B
+  lag: int  # the main lag L
+  long_lag: int  # claim 3's LL (S / LL windows: several)
+  batch: int  # B (the config's loop.batch_prompts)
   every_steps: int  # the policy-eval grid
+  shared: tuple[tuple[str, object], ...] = ()  # overrides for every cell and the warm start (the smoke's sizes)
   seeds: tuple[int, ...] = MAIN_SEEDS
   seed_rounds: tuple[int, ...] = SEED_ROUNDS
   learning_rates: tuple[float, ...] = LEARNING_RATES
-  extension: tuple[tuple[str, float], ...] = tuple(EXTENSION.items())
+  knob_points: Optional[int] = None  # the smoke's 1: the middle knob value only
   secondary: bool = True  # run the secondary baselines and the beta1 probe after the claims' cells
 
-  def config_spec(self, task: str) -> str:
-    return f"{CONFIG_FILE}:{task}{',smoke' if self.smoke else ''}"
-
   def arms(self) -> dict[str, Arm]:
-    """name -> arm, in priority order within a seed (task B's arms are named 'hard_tail/<name>')."""
+    """name -> arm, in priority order within a seed."""
     L, LL = self.lag, self.long_lag
-    out = [Arm(f"oapl_L{L}", "arithmetic", "oapl", "fresh", L, "claim"),
-           Arm("grpo_obo", "arithmetic", "grpo", "off_by_one", 2, "claim"),
-           Arm(f"oapl_L{LL}", "arithmetic", "oapl", "fresh", LL, "claim"),
-           Arm(f"oapl_L{L}_reuse2", "arithmetic", "oapl", "reuse2", L, "claim"),
-           Arm(f"oapl_L{L}", "hard_tail", "oapl", "fresh", L, "claim"),
-           Arm("grpo_obo", "hard_tail", "grpo", "off_by_one", 2, "claim"),
-           Arm("grpo_onpolicy", "arithmetic", "grpo_onpolicy", "on_policy", 1, "baseline")]
+    out = [Arm(f"oapl_L{L}", "oapl", "fresh", L, "claim"),
+           Arm("grpo_obo", "grpo", "off_by_one", 2, "claim"),
+           Arm(f"oapl_L{LL}", "oapl", "fresh", LL, "claim"),
+           Arm(f"oapl_L{L}_reuse2", "oapl", "reuse2", L, "claim"),
+           Arm("grpo_onpolicy", "grpo_onpolicy", "on_policy", 1, "baseline")]
     if self.secondary:
-      out += [Arm(f"{loss}_L{L}", "arithmetic", loss, "fresh", L, "secondary") for loss in SECONDARY_LOSSES]
-      out += [Arm(f"oapl_L1_beta1_{b:g}", "arithmetic", "oapl", "on_policy", 1, "probe",
+      out += [Arm(f"{loss}_L{L}", loss, "fresh", L, "secondary") for loss in SECONDARY_LOSSES]
+      out += [Arm(f"oapl_L1_beta1_{b:g}", "oapl", "on_policy", 1, "probe",
                   (("trainer.loss_settings.oapl.beta1", b),)) for b in BETA1_PROBE]
-    return {f"{a.task}/{a.name}" if a.task != "arithmetic" else a.name: a for a in out}
+    return {a.name: a for a in out}
+
+  def primary_arms(self) -> list[Arm]:
+    """The arms the pilot's headroom rule checks: every arm a claim reads, and the on-policy baseline."""
+    return [a for a in self.arms().values() if a.tier in ("claim", "baseline")]
 
   def tuning_arm(self, loss: str) -> Arm:
-    """The arm a loss is tuned in (task A, its main cell); its lr then serves every arm of that loss."""
+    """The arm a loss is tuned in (its main cell); its setting then serves every arm of that loss."""
     return self.arms()[{"grpo": "grpo_obo", "grpo_onpolicy": "grpo_onpolicy"}.get(loss, f"{loss}_L{self.lag}")]
+
+  def grid(self, loss: str) -> list[Setting]:
+    """The loss's tuning grid: every learning rate x every value of its knob (the same size for every loss)."""
+    values = KNOBS[loss][1]
+    if self.knob_points == 1:
+      values = (values[len(values) // 2],)
+    return [(lr, v) for lr in self.learning_rates for v in values]
+
+  def middle(self, loss: str) -> Setting:
+    """The grid's middle point (the middle lr, the knob's middle value): the pilot's setting."""
+    lrs, values = self.learning_rates, KNOBS[loss][1]
+    return lrs[len(lrs) // 2], values[len(values) // 2]
 
   def losses(self) -> tuple[str, ...]:
     return PRIMARY_LOSSES + (SECONDARY_LOSSES if self.secondary else ())
 
+  def cell(self, arm: Arm, setting: Setting, seed: int) -> Cell:
+    return Cell(arm, tuple(setting), seed, self.name)
 
-def make_study(smoke: bool = False, secondary: bool = True) -> Study:
-  if smoke:  # configs/claims.py:*,smoke: S = 4, lags 2 and 4, B = 4; 2 seeds, one tuning point, no extras
-    return Study(True, steps=4, lag=2, long_lag=4, batch=4, every_steps=2, seeds=(0, 1), seed_rounds=(1, 2),
-                 learning_rates=(1e-4,), secondary=False)
-  from configs import claims as cfg  # pylint: disable=import-outside-toplevel
-  return Study(False, cfg.STEPS, cfg.LAG, cfg.LONG_LAG, cfg.BATCH_PROMPTS, cfg.EVAL_EVERY_STEPS,
-               secondary=secondary)
+
+def study_config(task: Optional[str], config: Optional[str]) -> tuple[str, str]:
+  """(study name, the cells' config spec) from --task NAME or --config FILE[:ARG]."""
+  if config:
+    path, _, arg = config.partition(":")
+    name = os.path.splitext(os.path.basename(path))[0] + (f"_{arg.replace(',', '_').replace('=', '')}" if arg else "")
+    if os.path.abspath(path) == CLAIMS_CONFIG:
+      return name, config
+    return name, f"{os.path.relpath(TASK_CONFIG, REPO)}:{config}"
+  task = task or "arithmetic"
+  if task not in NAMED_TASKS:
+    raise ValueError(f"--task {task!r}: known {NAMED_TASKS}; any other task comes by --config FILE[:ARG]")
+  return task, f"{os.path.relpath(CLAIMS_CONFIG, REPO)}:{task}"
+
+
+def make_study(task: Optional[str] = None, config: Optional[str] = None, smoke: bool = False, secondary: bool = True,
+               steps: Optional[int] = None, seeds: Optional[Sequence[int]] = None) -> Study:
+  """The study of a named task (configs/claims.py) or of any config; the smoke: S = 4, lags 2 and 4, 2 seeds,
+  one tuning point per loss, a 5-step warm start, 8 validation prompts."""
+  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  name, spec = study_config(task, config)
+  if smoke and spec.startswith(os.path.relpath(CLAIMS_CONFIG, REPO)):
+    spec += ",smoke"
+  cfg = files.load(spec)
+  batch = 4 if smoke else int(cfg.loop.batch_prompts)
+  if smoke:
+    shared = (("warmstart.steps", min(int(cfg.warmstart.steps), 5)), ("eval.num_prompts", 8),
+              ("loop.batch_prompts", batch))
+    return Study(name, spec, True, steps=4, lag=2, long_lag=4, batch=batch, every_steps=2, shared=shared,
+                 seeds=(0, 1), seed_rounds=(1, 2), learning_rates=(1e-4,), knob_points=1, secondary=False)
+  from configs import claims as c  # pylint: disable=import-outside-toplevel
+  every = int(cfg.eval.every_steps) or c.EVAL_EVERY_STEPS
+  study = Study(name, spec, False, steps or c.STEPS, c.LAG, c.LONG_LAG, batch, every, secondary=secondary)
+  return dataclasses.replace(study, seeds=tuple(seeds)) if seeds else study
 
 
 def loop_overrides(study: Study, arm: Arm) -> dict:
@@ -128,43 +186,53 @@ def loop_overrides(study: Study, arm: Arm) -> dict:
           "checkpoint.every_syncs": max(1, min(S, 50) // arm.lag)}  # a save about every 50 steps
 
 
+def shape_overrides(study: Study) -> dict:
+  """The run's shape, equal in every cell: the shared sizes, B, the policy-eval grid."""
+  return {**dict(study.shared), "loop.batch_prompts": study.batch, "eval.every_steps": study.every_steps}
+
+
 def overrides(study: Study, cell: Cell, warm_dir: str) -> dict:
-  """Every field the cell sets on configs/claims.py:<task> (the command's --config.* flags, in order)."""
-  return {"seed": cell.seed, "model.checkpoint": os.path.abspath(warm_dir), "warmstart.steps": 0,
-          "trainer.loss": cell.arm.loss, "trainer.optim.lr": cell.lr, **loop_overrides(study, cell.arm),
-          **dict(cell.arm.extra)}
+  """Every field the cell sets on the study's config (the command's --config.* flags, in order)."""
+  return {**shape_overrides(study), "seed": cell.seed, "model.checkpoint": os.path.abspath(warm_dir),
+          "warmstart.steps": 0, "trainer.loss": cell.arm.loss, "trainer.optim.lr": cell.lr,
+          KNOBS[cell.arm.loss][0]: cell.setting[1], **loop_overrides(study, cell.arm), **dict(cell.arm.extra)}
+
+
+def warm_key(study: Study) -> str:
+  """What the warm start is made from (the config's warmstart/model/task sections and seed, with the shared
+  overrides), hashed: a study reuses a warm start only when these are equal."""
+  from oapl_jax.apps import sweep_warmstart  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  made_from = sweep_warmstart.fields(files.load(study.config, dict(study.shared)))
+  return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def command(study: Study, cell: Cell, warm_dir: str, workdir: str) -> str:
   """The `python -m oapl_jax.main` line that trains this cell alone (the harness adds the test-split eval)."""
-  spec = os.path.relpath(study.config_spec(cell.arm.task), REPO)
   flags = [f"--config.{k}={v}" for k, v in overrides(study, cell, warm_dir).items()]
-  return shlex.join(["python", "-m", "oapl_jax.main", "--config", spec, "--workdir", workdir]) + " " + \
+  return shlex.join(["python", "-m", "oapl_jax.main", "--config", study.config, "--workdir", workdir]) + " " + \
       " ".join(shlex.quote(f) for f in flags)
 
 
 # ------------------------------------------------------------------------------ the order of the cells
-def tuning_cells(study: Study, loss: str, lrs: Sequence[float]) -> list[Cell]:
+def tuning_cells(study: Study, loss: str, settings: Optional[Sequence[Setting]] = None) -> list[Cell]:
   arm = study.tuning_arm(loss)
-  return [Cell(arm, lr, TUNE_SEED) for lr in lrs]
+  return [study.cell(arm, s, TUNE_SEED) for s in (study.grid(loss) if settings is None else settings)]
 
 
-def pilot_cell(study: Study) -> Cell:
-  """OAPL at its main lag, the grid's middle learning rate, the tuning seed: also one of OAPL's tuning runs."""
-  lrs = study.learning_rates
-  return tuning_cells(study, "oapl", [lrs[len(lrs) // 2]])[0]
+def pilot_cells(study: Study) -> list[Cell]:
+  """Every primary arm at its loss's middle grid point on the tuning seed (the tuning arms' are tuning runs too)."""
+  return [study.cell(a, study.middle(a.loss), TUNE_SEED) for a in study.primary_arms()]
 
 
-def main_cells(study: Study, chosen_lr: dict[str, float], tiers: Sequence[str] = ("claim", "baseline"),
-               hard_tail: bool = True) -> list[Cell]:
-  """Round-robin by seed: each round's seeds for every arm (of `tiers`, with a chosen lr) before the next
+def main_cells(study: Study, chosen: dict[str, Setting], tiers: Sequence[str] = ("claim", "baseline")) -> list[Cell]:
+  """Round-robin by seed: each round's seeds for every arm (of `tiers`, with a chosen setting) before the next
   round's; within a seed the arms in `Study.arms` order. An arm stops at its planned n."""
-  arms = [a for a in study.arms().values() if a.tier in tiers and a.loss in chosen_lr
-          and (hard_tail or a.task != "hard_tail")]
+  arms = [a for a in study.arms().values() if a.tier in tiers and a.loss in chosen]
   cells, start = [], 0
   for end in study.seed_rounds:
     for seed in study.seeds[start:end]:
-      cells += [Cell(a, chosen_lr[a.loss], seed) for a in arms if study.seeds.index(seed) < planned(study, a)]
+      cells += [study.cell(a, chosen[a.loss], seed) for a in arms if study.seeds.index(seed) < planned(study, a)]
     start = end
   return cells
 

@@ -61,6 +61,18 @@ class RunResult:
   def test(self, split: str, metric: str) -> float:
     return float(self.final["test"][split][metric])
 
+  def test_mean(self, metric: str) -> float:
+    """The final policy's test `metric`, averaged over the test sets."""
+    return float(np.mean([m[metric] for m in self.final["test"].values()]))
+
+  def test_kmax(self) -> int:
+    return min(max(int(k[5:]) for k in m if k.startswith("pass@")) for m in self.final["test"].values())
+
+  def val_kmax(self) -> int:
+    """The largest k the loop's policy eval logs (policy_eval/<set>/pass@k)."""
+    ks = {int(k.rsplit("@", 1)[1]) for h in self.history for k in h if k.startswith(PREFIX) and "/pass@" in k}
+    return max(ks) if ks else 1
+
   def late_mean(self, metric: str, from_fraction: float = 0.5) -> float:
     """The curve's mean over grid steps at or after `from_fraction` of the run (claim 2's entropy)."""
     curve = self.curve(metric)

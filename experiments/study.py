@@ -1,11 +1,15 @@
-"""The claims study from the command line: run (or resume) every cell in priority order, then write the report.
+"""The claims study from the command line, on any task: check the config and data, make (or reuse) the warm
+start, then run (or resume) every cell in priority order, then write the report.
 
-  python -m experiments.study --task arithmetic --out reports/claims_arithmetic        # the whole study
-  python -m experiments.study --task arithmetic --smoke --out /tmp/claims_smoke        # CI size, ~2 min
-  python -m experiments.study --task arithmetic --out reports/claims_arithmetic --collect   # report only
-  python -m experiments.study --task arithmetic --out reports/x --cell arithmetic/grpo_obo/lr0.0001/seed3
+  python -m experiments.study --task arithmetic --out reports/claims_v3              # configs/claims.py:arithmetic
+  python -m experiments.study --config configs/own_task.py --out reports/own_task    # any training config
+  python -m experiments.study --config configs/own_task.py --smoke --out /tmp/own    # CI size, minutes
+  python -m experiments.study --task arithmetic --out reports/claims_v3 --stage tuning  # warm start, pilot, grid
+  python -m experiments.study --task arithmetic --out reports/claims_v3 --collect   # report only
 
---task names the study (task A, arithmetic; it includes task B, configs/claims.py:hard_tail, for claim 4).
+--task NAME is configs/claims.py:NAME (arithmetic, hard_tail); --config FILE[:ARG] is the file a user trains with
+(experiments/task_config.py splits its eval sets into validation and test: sets named test* are the test).
+A config or data problem stops the study before the warm start, naming the file (exit 2).
 """
 from __future__ import annotations
 
@@ -15,29 +19,41 @@ import sys
 import time
 from typing import Sequence
 
-from experiments import claims, claims_report, plan
+from experiments import claims, claims_report, plan, task_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m experiments.study", description=__doc__.split("\n")[0])
-  parser.add_argument("--task", default="arithmetic", choices=("arithmetic",))
+  which = parser.add_mutually_exclusive_group()
+  which.add_argument("--task", choices=plan.NAMED_TASKS, help="a named study task (configs/claims.py:NAME)")
+  which.add_argument("--config", help="FILE[:ARG]: any training config (records tasks included)")
   parser.add_argument("--out", required=True, help="the report directory (report.md and PNGs)")
   parser.add_argument("--runs", help="run directories (default runs/claims[_smoke])")
-  parser.add_argument("--smoke", action="store_true", help="tiny: S = 4 steps, 2 seeds, one lr (CI)")
+  parser.add_argument("--smoke", action="store_true", help="tiny: S = 4 steps, 2 seeds, one tuning point (CI)")
   parser.add_argument("--collect", action="store_true", help="only write the report from the runs that exist")
   parser.add_argument("--cell", help="run (or resume) only this cell, then write the report")
-  parser.add_argument("--checks_only", action="store_true",
-                      help="only the warm starts, the pilot and task B's check (does the design work?)")
+  parser.add_argument("--stage", choices=claims.STAGES, default="all",
+                      help="stop after this stage (pilot: the warm start and the pilot; tuning: and the grid)")
+  parser.add_argument("--seeds", help="main seeds, comma-separated (default 0..7)")
   parser.add_argument("--no_secondary", action="store_true", help="skip opmd, asymre and the beta1 probe")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  study = plan.make_study(args.smoke, secondary=not args.no_secondary)
+  seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+  try:
+    study = plan.make_study(args.task, args.config, smoke=args.smoke, secondary=not args.no_secondary, seeds=seeds)
+  except Exception as e:  # pylint: disable=broad-except  # a bad path, variant or import in the config file
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   runs_dir = args.runs or os.path.join("runs", "claims_smoke" if args.smoke else "claims")
   claims.enable_compile_cache(os.path.join(runs_dir, "jax_cache"))
   start = time.time()
-  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, checks_only=args.checks_only)
-  state = runner.study_all()
+  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage)
+  try:
+    state = runner.study_all()
+  except task_config.ConfigRefused as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   path = claims_report.write_report(study, runs_dir, args.out, state, elapsed=time.time() - start)
   print(f"[claims] report: {path} ({time.time() - start:.0f}s)", flush=True)
   if state.stopped:
