@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from oapl_jax import reporting
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.buffer import pack_groups
 from oapl_jax.sampler import core, rollout
@@ -63,3 +64,10 @@ class PolicyEval:
 def log(step: int, metrics: Mapping[str, float]) -> None:
   logging.info("policy eval at step %d: %s", step,
                {k[len(PREFIX):]: round(v, 4) for k, v in metrics.items() if "pass@1" in k or "entropy" in k})
+
+
+def report(probe: PolicyEval, reporter: reporting.Reporter, step: int, params) -> None:
+  """The trainer's current policy (`params`) on the eval sets, logged and reported at `step`."""
+  metrics = probe(params)
+  log(step, metrics)
+  reporter.scalars(step, metrics)

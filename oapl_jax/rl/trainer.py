@@ -19,7 +19,7 @@ while gradients and the optimizer state stay in the master dtype.
 """
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import flax
 import flax.linen as nn
@@ -36,6 +36,8 @@ from oapl_jax.parallel import Layout
 from oapl_jax.rl.optim import OptimConfig, make_optimizer, make_schedule
 
 Batch = Mapping[str, jax.Array]
+Params = Any  # a pytree of (sharded) arrays: a model's parameters, or LoRA adapters
+StepFn = Callable[["TrainState", Batch, jax.Array], tuple["TrainState", dict[str, jax.Array]]]  # (state, batch, rng)
 
 
 def _loss_settings(per_loss, path: str, problems: sections.Problems, section: Mapping[str, Any]):
@@ -57,7 +59,7 @@ class TrainConfig:
   """The `trainer` section. In a config, loss_settings = {loss name: its settings}; only the chosen
   loss's entry is read (the others keep their defaults, so a sweep over `loss` needs no edits)."""
   loss: str = sections.rule("oapl", choices=tuple(objectives.LOSSES))
-  loss_settings: Any = sections.rule(default_factory=objectives.OAPLSettings, convert=_loss_settings)
+  loss_settings: objectives.Settings = sections.rule(default_factory=objectives.OAPLSettings, convert=_loss_settings)
   optim: OptimConfig = OptimConfig()
   # LoRA adapters (rank > 0): only they are trained, held in the optimizer and checkpointed; the base is frozen
   lora: LoraSettings = LoraSettings()
@@ -87,9 +89,9 @@ class TrainConfig:
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # int32 scalar: optimizer updates applied so far
-  params: Any  # what the optimizer trains: the model's params, or with LoRA the adapters
+  params: Params  # what the optimizer trains: the model's params, or with LoRA the adapters
   opt_state: optax.OptState
-  frozen: Any = None  # with LoRA: the base params (not trained, not in step checkpoints); else None
+  frozen: Optional[Params] = None  # with LoRA: the base params (not trained, not in step checkpoints); else None
 
 
 def policy_params(config: "TrainConfig", model: CausalLM, params, frozen):

@@ -9,6 +9,7 @@ offline mode, eval, export, serve, the compile check, the study).
     metrics = evaluate(rc, task, sampler, sampler.params, settings=eval_settings)
     probe = policy_eval(rc, task, sampler, model, T, evaluate_params)   # the current policy every N steps
     run = setup(cfg, workdir); loop.train(run)        # a whole run (rl/loop.py), resuming if it can; locks workdir
+    # setup = the parts (RunParts, by keyword) -> online(rc, parts) (loop.Online) or offline(rc, parts)
 """
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ import numpy as np
 from oapl_jax import checkpoints, evaluation, objectives, parallel, reporting, run_dir
 from oapl_jax.models import factory
 from oapl_jax.models.api import CausalLM
-from oapl_jax.rl import loop, trainer, warmstart
+from oapl_jax.rl import loop, offline as offline_mode, trainer, warmstart, windows
 from oapl_jax.rl.buffer import RolloutBuffer, sequence_length
 from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.rl.monitors import HealthMonitor
+from oapl_jax.rl.parts import RunParts
 from oapl_jax.rl.policy_eval import PolicyEval
 from oapl_jax.run import check, schema
 from oapl_jax.run.schema import RunConfig
@@ -154,8 +156,10 @@ def policy_eval(rc: RunConfig, task: Task, sampler: core.Sampler, model: CausalL
                     rc.eval.probe_sampling((task.tokenizer.eos_id,)), eval_seed(rc), seq)
 
 
-def setup(cfg: Any, workdir: str, allow_config_changes: bool = False, force_lock: bool = False) -> loop.Run:
-  """Build a run: where it runs, the task, the model (warm-started or restored), the sampler.
+def setup(cfg: Any, workdir: str, allow_config_changes: bool = False,
+          force_lock: bool = False) -> loop.Online | offline_mode.Offline:
+  """Build a run: where it runs, the task, the model (warm-started or restored), the sampler; the online driver
+  (rl/loop.py), or the offline one (rl/offline.py) when the config has an `offline` section.
   cfg: a RunConfig, or a ConfigDict (read by schema.from_config). The config's cross-section rules and
   every data source are checked before any model is built; the workdir is locked (run_dir.lock, RunDirBusy
   at once; `force_lock` takes over another host's record) before anything is written, until the run ends."""
@@ -164,18 +168,18 @@ def setup(cfg: Any, workdir: str, allow_config_changes: bool = False, force_lock
   check.check(rc)
   lock = run_dir.lock(workdir, force_lock)
   try:
-    return _build(rc, workdir, allow_config_changes, lock)
+    parts = _parts(rc, workdir, allow_config_changes, lock)
+    return offline(rc, parts) if rc.is_offline else online(rc, parts)
   except BaseException:
     if lock is not None:
       lock.release()
     raise
 
 
-def _build(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Optional[run_dir.RunLock]) -> loop.Run:
+def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Optional[run_dir.RunLock]) -> RunParts:
   layouts = placement(rc)
   task = build_task(rc)
   rollout_settings, eval_settings = sampling(rc, task)
-  schedule = rc.loop.schedule()
   model, params = build_model(rc, layouts.trainer)
   seq = seq_len(rc, longest_prompt(task))
   checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", rc.checkpoint.max_to_keep)
@@ -207,15 +211,54 @@ def _build(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
 
   sampler = build_sampler(rc, model, layouts.sampler)
   sampler.snapshot_version = meta.snapshot_version
-  batch_sharding = trainer.batch_sharding(layouts.trainer, rc.loop.batch_prompts)
   evaluate_params = functools.partial(evaluate, rc, task, sampler, settings=eval_settings)
-  return loop.Run(rc, layouts, task, schedule, rollout_settings, eval_settings, model, state,
-             trainer.make_train_step(train_cfg, model, layouts.trainer, rc.loop.batch_prompts), sampler,
-             RolloutBuffer(seq), checkpointer, reporter, meta, HealthMonitor(rc.monitors), batch_sharding,
-             parallel.process_rows(batch_sharding, rc.loop.batch_prompts), evaluate_params,
-             old_policy_scorer(train_cfg, model, layouts.trainer, rc.loop.prompts_per_rollout),
-             policy_eval(rc, task, sampler, model, seq, evaluate_params),
-             trainer.make_policy_params(train_cfg, model, layouts.trainer), demo_mixer(rc, task), lock)
+  return RunParts(placement=layouts, task=task, model=model,
+                  policy_params=trainer.make_policy_params(train_cfg, model, layouts.trainer), state=state, meta=meta,
+                  sampler=sampler, rollout_settings=rollout_settings, eval_settings=eval_settings,
+                  checkpointer=checkpointer, reporter=reporter, monitor=HealthMonitor(rc.monitors),
+                  evaluate=evaluate_params, policy_eval=policy_eval(rc, task, sampler, model, seq, evaluate_params),
+                  lock=lock)
+
+
+def _shared(parts: RunParts) -> dict:
+  return {f.name: getattr(parts, f.name) for f in dataclasses.fields(RunParts)}
+
+
+def loop_settings(rc: RunConfig) -> loop.LoopSettings:
+  return loop.LoopSettings(total_steps=rc.loop.total_steps, num_syncs=rc.loop.num_syncs,
+                           batch_prompts=rc.loop.batch_prompts, group_size=rc.loop.group_size, seed=rc.seed,
+                           eval_every_syncs=rc.loop.eval_every_syncs,
+                           checkpoint_every_syncs=rc.checkpoint.every_syncs,
+                           title=f"{rc.trainer.loss.upper()} run summary")
+
+
+def online(rc: RunConfig, parts: RunParts) -> loop.Online:
+  """The online driver (Algorithm 1, rl/loop.py): the parts, the buffer and train step, the window policy
+  the loop section asks for (fixed L, delayed by one window, adaptive on drift) and the step hooks (the
+  policy probe when eval.every_steps > 0, the old-policy scorer when the loss reads pi_old)."""
+  train_cfg, layout, schedule = train_config(rc), parts.placement.trainer, rc.loop.schedule()
+  buffer = RolloutBuffer(seq_len(rc, longest_prompt(parts.task)))
+  batch_sharding = trainer.batch_sharding(layout, rc.loop.batch_prompts)
+  hooks: list[windows.StepHook] = []
+  if parts.policy_eval is not None:
+    hooks.append(windows.PolicyProbe(parts.policy_eval, parts.reporter, parts.policy_params))
+  score = old_policy_scorer(train_cfg, parts.model, layout, rc.loop.prompts_per_rollout)
+  if score is not None:
+    hooks.append(windows.OldPolicyScorer(score, buffer, schedule, parts.policy_params))
+  return loop.Online(**_shared(parts), settings=loop_settings(rc), schedule=schedule,
+                     windows=windows.window_policy(rc.loop.refresh_drift, rc.loop.drift_metric,
+                                                   rc.loop.sampler_delay_windows),
+                     hooks=hooks, buffer=buffer,
+                     train_step=trainer.make_train_step(train_cfg, parts.model, layout, rc.loop.batch_prompts),
+                     batch_sharding=batch_sharding,
+                     batch_rows=parallel.process_rows(batch_sharding, rc.loop.batch_prompts),
+                     demo_mixer=demo_mixer(rc, parts.task))
+
+
+def offline(rc: RunConfig, parts: RunParts) -> offline_mode.Offline:
+  """The offline driver (rl/offline.py): the parts and the stages' settings; no buffer, train step or scorer."""
+  return offline_mode.Offline(**_shared(parts), config=rc.offline, train_config=rc.trainer, seed=rc.seed,
+                         batch_prompts=rc.loop.batch_prompts, group_size=rc.loop.group_size)
 
 
 def demo_mixer(rc: RunConfig, task: Task) -> Optional[DemoMixer]:

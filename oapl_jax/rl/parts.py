@@ -1,0 +1,58 @@
+"""The typed parts of a run, built by keyword in run/assemble.py; the two drivers extend them.
+
+    RunParts        what every driver holds: where it runs, the task, the model and its state, the sampler,
+                    checkpoints, reports, health, evaluation
+    loop.Online     + LoopSettings, the buffer, the train step, the window policy and the step hooks
+    offline.Offline + its stages' settings (no buffer, train step or scorer)
+
+Nothing here reads a config: each part is a value (or a function) the assembler chose.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Optional, Protocol
+
+from oapl_jax import checkpoints, parallel, reporting
+from oapl_jax.models.api import CausalLM
+from oapl_jax.rl.monitors import HealthMonitor
+from oapl_jax.rl.policy_eval import PolicyEval
+from oapl_jax.rl.trainer import Params, TrainState
+from oapl_jax.sampler import core
+from oapl_jax.sampler.settings import SamplingSettings
+from oapl_jax.tasks.base import Task
+
+Evaluate = Callable[[Params], dict[str, float]]  # params -> {'eval/<set>/<metric>': value} over the eval sets
+PolicyParams = Callable[[TrainState], Params]  # state -> the model's full params (LoRA: the base with adapters)
+
+
+class Releasable(Protocol):
+  def release(self) -> None: ...
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunParts:
+  """What a run holds whichever way it trains; `state` and `meta` advance as it does."""
+  placement: parallel.Placement  # the trainer's and the sampler's meshes
+  task: Task
+  model: CausalLM
+  policy_params: PolicyParams
+  state: Optional[TrainState]  # None only while offline mode swaps its optimizer state
+  meta: checkpoints.Meta
+  sampler: core.Sampler
+  rollout_settings: SamplingSettings
+  eval_settings: SamplingSettings
+  checkpointer: checkpoints.Checkpointer
+  reporter: reporting.Reporter
+  monitor: HealthMonitor
+  evaluate: Evaluate
+  policy_eval: Optional[PolicyEval] = None  # the trainer's current policy every eval.every_steps steps
+  lock: Optional[Releasable] = None  # run_dir.RunLock on the workdir (process 0), released when the run ends
+
+  def release(self) -> None:
+    """Ends the run's hold on its files: the checkpointer (waits for the last save), writers, the task, the lock."""
+    with contextlib.ExitStack() as closing:  # every one runs, last first, whichever raises
+      closing.callback(self.lock.release if self.lock is not None else lambda: None)
+      closing.callback(self.task.close)
+      closing.callback(self.reporter.close)
+      closing.callback(self.checkpointer.close)
