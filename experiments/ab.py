@@ -41,7 +41,7 @@ def run_one(study: plan.Study, overrides: dict, warm_dir: str, workdir: str) -> 
     return done
   from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
   from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run import assemble, files  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble, files, schema  # pylint: disable=import-outside-toplevel
   start = time.time()
   cfg = files.load(study.config, {**plan.shape_overrides(study), "model.checkpoint": warm_dir, "warmstart.steps": 0,
                                   **overrides})
@@ -49,7 +49,7 @@ def run_one(study: plan.Study, overrides: dict, warm_dir: str, workdir: str) -> 
   summary = loop.train(run)
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
-  rc, history = run.cfg, run.reporter.history()
+  rc, history = schema.from_config(cfg), run.reporter.history()
   _, tests = claims.task_and_tests(rc.task)
   samples, ks = claims.final_sampling(study)
   params = run.sampler.prepare(run.policy_params(run.state))

@@ -60,10 +60,10 @@ def execute(study: plan.Study, cell: plan.Cell, workdir: str, warm_dir: str) -> 
   on the test sets; writes final_eval.json."""
   from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
   from oapl_jax.rl import loop  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run import assemble  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble, schema  # pylint: disable=import-outside-toplevel
   start = time.time()
-  run = assemble.setup(run_config(study, cell, warm_dir), workdir)
-  rc = run.cfg
+  rc = schema.from_config(run_config(study, cell, warm_dir))
+  run = assemble.setup(rc, workdir)
   summary = loop.train(run)
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
