@@ -1,5 +1,7 @@
 """The claims study's decisions without any run: paired statistics against hand-computed values, the verdict
-rule, the pilot and tuning rules on synthetic curves, the cell plan and its priority order, task B's halves."""
+rule, the pilot, headroom and tuning rules on synthetic curves, the interpolation and the matched comparison
+by hand, the cell plan and its priority order, the validation/test split, task B's halves."""
+import dataclasses
 import math
 
 import numpy as np
@@ -81,35 +83,63 @@ def test_pilot_rule_on_synthetic_curves():
   saturates = [(s, min(0.2 + s / 50, 0.99)) for s in steps]
   p = tuning.pilot_verdict(saturates, 200)
   assert not p.ok and "saturates" in p.message
+  assert tuning.pilot_verdict(saturates, 200, ceiling=None).ok  # the study's call: the headroom rule decides
   assert not tuning.pilot_verdict([], 200).ok
   assert tuning.pilot_verdict([(0, 0.1), (30, 0.5), (70, 0.5)], 100).step == 30  # nearest to 50, earlier on a tie
 
 
-def test_hard_tail_rule():
-  def warm(hard1, hard_k, easy1):
-    return {"test_hard": {"pass@1": hard1, "pass@256": hard_k}, "test_easy": {"pass@1": easy1, "pass@256": 0.9}}
-  ok, message = tuning.hard_tail_verdict(warm(0.03, 0.125, 0.27))  # 7/8 of the hard half never solved
-  assert ok and "pass@256 0.125" in message
-  assert not tuning.hard_tail_verdict(warm(0.2, 0.6, 0.27))[0]  # most hard problems solved sometimes
-  assert not tuning.hard_tail_verdict(warm(0.0, 0.0, 0.01))[0]  # the easy half gives no signal
+def test_headroom_rule_per_arm():
+  steps = list(range(0, 301, 10))
+  slow = [(s, 0.1 + 0.6 * s / 300) for s in steps]  # 0.4 at step 150
+  fast = [(s, min(0.1 + s / 100, 0.97)) for s in steps]  # 0.97 from step 90
+  h = tuning.headroom(slow, 300)
+  assert h.ok and h.step == 150 and h.mid == pytest.approx(0.4)
+  h = tuning.headroom(fast, 300)
+  assert not h.ok and h.mid == pytest.approx(0.97) and "ceiling" in h.message
+  assert not tuning.headroom([(0, 0.1), (150, 0.9)], 300).ok  # the rule is strict: 0.9 itself has no headroom
+  assert not tuning.headroom([], 300).ok
 
 
-def test_auc_choice_and_edge_extension():
+def test_auc_and_choice_over_lr_and_knob():
   assert tuning.auc([(0, 0.0), (10, 1.0)]) == pytest.approx(0.5)
   assert tuning.auc([(0, 0.2), (10, 0.4), (30, 0.4)]) == pytest.approx((3 + 8) / 30)
   fast, slow = [(0, 0.2), (10, 0.8), (20, 0.8)], [(0, 0.2), (10, 0.3), (20, 0.8)]
   assert tuning.auc(fast) > tuning.auc(slow)  # same end, the faster riser wins
   assert tuning.choose({1e-4: 0.5, 3e-4: 0.6, 3e-5: 0.6}) == 3e-5  # a tie goes to the smaller lr
+  scores = {(1e-4, 0.5): 0.70, (1e-4, 0.1): 0.74, (3e-4, 0.25): 0.74, (3e-5, 0.25): 0.60}
+  assert tuning.choose(scores) == (1e-4, 0.1)  # beta2 0.1 wins at lr 1e-4; the tie goes to the smaller lr
   grid = [3e-5, 1e-4, 3e-4]
   assert tuning.edge(grid, 1e-4) is None and tuning.edge(grid, 3e-4) == "high" and tuning.edge([1e-4], 1e-4) is None
-  points = {"low": 1e-5, "high": 1e-3}
-  assert tuning.extension({"oapl": (grid, 1e-4), "grpo": (grid, 1e-4)}, points) == []
-  assert tuning.extension({"oapl": (grid, 3e-4), "grpo": (grid, 1e-4)}, points) == [1e-3]
-  assert tuning.extension({"oapl": (grid, 3e-4), "grpo": (grid, 3e-5)}, points) == [1e-5, 1e-3]
+
+
+def _study(**kw):
+  return plan.Study("arithmetic", "configs/claims.py:arithmetic", False, steps=kw.pop("steps", 300), lag=50,
+                    long_lag=100, batch=8, every_steps=10, **kw)
+
+
+def test_every_loss_tunes_its_own_knob_with_the_same_budget():
+  from oapl_jax.run import files, schema
+  study = _study()
+  grids = {loss: study.grid(loss) for loss in study.losses()}
+  assert {len(g) for g in grids.values()} == {9}  # 3 lrs x 3 knob values, every loss alike
+  assert sorted({v for _, v in grids["oapl"]}) == [0.1, 0.25, 0.5]  # OAPL's binding knob is beta2
+  assert sorted({v for _, v in grids["grpo"]}) == [0.1, 0.2, 0.3]
+  assert study.middle("oapl") == (1e-4, 0.25) and study.middle("grpo") == (1e-4, 0.2)
+  for loss, (key, values) in plan.KNOBS.items():  # each knob is a real field of that loss's settings
+    cfg = files.load("configs/claims.py:arithmetic", {"trainer.loss": loss, key: values[0],
+                                                     "loop.sync_every": 1, "loop.num_syncs": 4})
+    rc = schema.from_config(cfg)
+    assert getattr(rc.trainer.loss_settings, key.rsplit(".", 1)[1]) == values[0]
+  smoke = dataclasses.replace(study, knob_points=1, learning_rates=(1e-4,))
+  assert smoke.grid("oapl") == [(1e-4, 0.25)]
+  pilots = plan.pilot_cells(study)
+  assert [c.arm.name for c in pilots] == ["oapl_L50", "grpo_obo", "oapl_L100", "oapl_L50_reuse2", "grpo_onpolicy"]
+  assert all(c.seed == plan.TUNE_SEED and c.setting == study.middle(c.arm.loss) for c in pilots)
+  assert pilots[0] in plan.tuning_cells(study, "oapl")  # the main arms' pilots are tuning runs too
 
 
 def test_plan_arms_shapes_and_equal_generation_budget():
-  study = plan.Study(False, steps=200, lag=50, long_lag=100, batch=8, every_steps=10)
+  study = _study(steps=200)
   arms = study.arms()
   gens = {}
   for key, arm in arms.items():
@@ -123,58 +153,77 @@ def test_plan_arms_shapes_and_equal_generation_budget():
   assert (obo["loop.sync_every"], obo["loop.steps_per_rollout"], obo["loop.prompts_per_rollout"],
           obo["loop.sampler_delay_windows"]) == (2, 2, 16, 1)
   assert arms["grpo_onpolicy"].lag == 1 and arms["grpo_onpolicy"].loss == "grpo_onpolicy"
-  assert [k for k in arms if arms[k].loss == "grpo"] == ["grpo_obo", "hard_tail/grpo_obo"]  # no 'grpo at lag 1'
+  assert [k for k in arms if arms[k].loss == "grpo"] == ["grpo_obo"]  # no 'grpo at lag 1'
   assert arms["oapl_L100"].lag == 100 and plan.loop_overrides(study, arms["oapl_L100"])["loop.num_syncs"] == 2
   assert arms["oapl_L100"].tier == "claim" and study.tuning_arm("grpo").name == "grpo_obo"
-  cell = plan.Cell(arms["grpo_obo"], 1e-4, 3)
+  cell = study.cell(arms["grpo_obo"], (1e-4, 0.2), 3)
+  assert cell.name == "arithmetic/grpo_obo/lr0.0001_clip_eps0.2/seed3"
   cmd = plan.command(study, cell, "/w/warm", "runs/x")
   assert cmd.startswith("python -m oapl_jax.main --config configs/claims.py:arithmetic --workdir runs/x")
-  for flag in ("--config.loop.sampler_delay_windows=1", "--config.seed=3", "--config.trainer.loss=grpo"):
+  for flag in ("--config.loop.sampler_delay_windows=1", "--config.seed=3", "--config.trainer.loss=grpo",
+               "--config.trainer.loss_settings.grpo.clip_eps=0.2", "--config.eval.every_steps=10"):
     assert flag in cmd
 
 
+def test_study_of_a_named_task_or_any_config():
+  assert plan.study_config("arithmetic", None) == ("arithmetic", "configs/claims.py:arithmetic")
+  assert plan.study_config(None, "configs/own_task.py") == ("own_task",
+                                                            "experiments/task_config.py:configs/own_task.py")
+  assert plan.study_config(None, "configs/own_task.py:smoke")[0] == "own_task_smoke"
+  with pytest.raises(ValueError, match="--config FILE"):
+    plan.study_config("gsm8k", None)
+  study = plan.make_study(config="configs/own_task.py")
+  assert (study.batch, study.steps, study.lag, study.long_lag) == (16, 300, 50, 100)
+  assert study.steps // study.long_lag >= 3  # claim 3: several windows at the long lag
+
+
 def test_priority_order_is_round_robin_by_seed():
-  study = plan.Study(False, steps=200, lag=50, long_lag=100, batch=8, every_steps=10)
-  chosen = {"oapl": 1e-4, "grpo": 1e-4, "grpo_onpolicy": 3e-5}
+  study = _study()
+  chosen = {"oapl": (1e-4, 0.25), "grpo": (1e-4, 0.2), "grpo_onpolicy": (3e-5, 0.2)}
   cells = plan.main_cells(study, chosen)
   claim_arms = [k for k, a in study.arms().items() if a.tier == "claim"]
   first = cells[:2 * (len(claim_arms) + 1)]  # seeds 0 and 1 of every claim arm and the baseline
   assert {c.seed for c in first} == {0, 1}
-  assert {(c.arm.task, c.arm.name) for c in first} == {(a.task, a.name) for k, a in study.arms().items()
-                                                        if a.tier in ("claim", "baseline")}
+  assert {c.arm.name for c in first} == {a.name for a in study.arms().values() if a.tier in ("claim", "baseline")}
   assert [c.seed for c in cells] == sorted(c.seed for c in cells)  # rounds never go back a seed
   by_arm = {}
   for c in cells:
-    by_arm.setdefault((c.arm.task, c.arm.name), []).append(c.seed)
-  assert by_arm[("arithmetic", "oapl_L50")] == list(range(8))
-  assert by_arm[("arithmetic", "grpo_onpolicy")] == list(range(5))
+    by_arm.setdefault(c.arm.name, []).append(c.seed)
+  assert by_arm["oapl_L50"] == list(range(8))
+  assert by_arm["grpo_onpolicy"] == list(range(5))
   assert plan.TUNE_SEED not in {c.seed for c in cells}
-  assert all(c.lr == chosen[c.arm.loss] for c in cells)
-  assert not [c for c in plan.main_cells(study, chosen, hard_tail=False) if c.arm.task == "hard_tail"]
+  assert all(c.setting == chosen[c.arm.loss] for c in cells)
 
 
 def test_paired_configs_differ_only_in_the_method(tmp_path):
   from experiments import claims
   from oapl_jax.run import schema
-  study = plan.Study(False, steps=200, lag=50, long_lag=100, batch=8, every_steps=10)
+  study = _study()
   arms = study.arms()
   records = {}
   for key in ("oapl_L50", "grpo_obo", "oapl_L100", "oapl_L50_reuse2", "grpo_onpolicy"):
-    cfg = claims.run_config(study, plan.Cell(arms[key], 1e-4 if key != "grpo_onpolicy" else 3e-4, 2), str(tmp_path))
+    setting = (1e-4, 0.1) if arms[key].loss == "oapl" else (3e-4, 0.3)
+    cfg = claims.run_config(study, study.cell(arms[key], setting, 2), str(tmp_path))
     records[key] = schema.to_mapping(schema.from_config(cfg))
   for key in records:
     assert plan.config_differences(records["oapl_L50"], records[key]) == []
-  other_seed = schema.to_mapping(schema.from_config(claims.run_config(study, plan.Cell(arms["grpo_obo"], 1e-4, 3),
-                                                                      str(tmp_path))))
+  assert records["oapl_L50"]["trainer"]["loss_settings"]["oapl"]["beta2"] == 0.1
+  other_seed = schema.to_mapping(schema.from_config(claims.run_config(
+      study, study.cell(arms["grpo_obo"], (3e-4, 0.3), 3), str(tmp_path))))
   assert plan.config_differences(records["grpo_obo"], other_seed) == ["seed"]
   assert records["oapl_L50"]["trainer"]["loss_settings"]["oapl"]["beta1"] == 1.0
   assert (records["grpo_obo"]["eval"]["every_steps"], records["grpo_obo"]["sampler"]["temperature"],
           records["grpo_obo"]["eval"]["temperature"], records["grpo_obo"]["eval"]["top_p"]) == (10, 1.0, 0.6, 0.95)
 
 
-def _run(curve, generations=1000, steps=100):
+def _run(curve, generations=1000, steps=100, test=None, **other):
   history = [{"step": s, "policy_eval/val/pass@1": v} for s, v in curve]
-  return RunResult(None, {"generations": generations, "trainer_steps": steps}, history)
+  for key, values in other.items():  # e.g. token_entropy=[(step, value), ...]
+    for h, (s, v) in zip(history, values):
+      assert h["step"] == s
+      h[f"policy_eval/val/{key.replace('pass', 'pass@')}"] = v
+  final = {"generations": generations, "trainer_steps": steps, "test": {"test": test or {"pass@1": 0.0}}}
+  return RunResult(None, final, history)
 
 
 def test_generations_to_target_and_claim5_rule():
@@ -188,6 +237,83 @@ def test_generations_to_target_and_claim5_rule():
   never = _run([(0, 0.2), (100, 0.3)])
   assert claims_stats.claim5_log_ratio(never, never) == 0.0
   assert claims_stats.claim5_log_ratio(never, grpo) <= 0.0 and claims_stats.claim5_log_ratio(oapl, never) >= 0.0
+
+
+def test_interpolation_and_first_crossing_by_hand():
+  curve = [(0, 0.2), (10, 0.6), (20, 0.8)]
+  assert claims_stats.interpolate(curve, 15) == pytest.approx(0.7)  # halfway between 0.6 and 0.8
+  assert claims_stats.interpolate(curve, 0) == pytest.approx(0.2) and claims_stats.interpolate(curve, 20) == 0.8
+  assert math.isnan(claims_stats.interpolate(curve, 25)) and math.isnan(claims_stats.interpolate([], 1))
+  assert claims_stats.first_crossing(curve, 0.7) == pytest.approx(15.0)  # 10 + (0.7 - 0.6) / 0.2 * 10
+  assert claims_stats.first_crossing(curve, 0.3) == pytest.approx(2.5)  # (0.3 - 0.2) / 0.4 * 10
+  assert claims_stats.first_crossing(curve, 0.1) == 0.0  # starts there
+  assert math.isnan(claims_stats.first_crossing(curve, 0.9))
+  dips = [(0, 0.2), (10, 0.7), (20, 0.5), (30, 0.9)]
+  assert claims_stats.first_crossing(dips, 0.6) == pytest.approx(8.0)  # the first crossing, not a later one
+
+
+def test_matched_comparison_at_validation_pass1_by_hand():
+  # A rises faster and ends higher; B reaches only 0.7. Matched level: min(0.8, 0.7) = 0.7.
+  a_p1, a_ent = [(0, 0.2), (10, 0.6), (20, 0.8)], [(0, 1.0), (10, 0.8), (20, 0.6)]
+  b_p1, b_ent = [(0, 0.2), (10, 0.4), (20, 0.7)], [(0, 1.0), (10, 0.9), (20, 0.5)]
+  m = claims_stats.matched_at_pass1(a_p1, a_ent, b_p1, b_ent)
+  assert m.level == pytest.approx(0.7)
+  assert (m.step_a, m.step_b) == (pytest.approx(15.0), pytest.approx(20.0))  # A at 15 (interpolated), B at 20
+  assert m.value_a == pytest.approx(0.7) and m.value_b == pytest.approx(0.5)  # entropy 0.8 -> 0.6 halfway: 0.7
+  assert m.diff == pytest.approx(0.2)
+  # at matched steps (the end) the same runs give 0.6 - 0.5 = 0.1: the two views differ, as they should
+  flat = [(0, 0.2), (10, 0.2), (20, 0.2)]
+  assert math.isnan(claims_stats.matched_at_pass1(flat, a_ent, b_p1, b_ent).diff)  # no progress both made
+  # through RunResult: pass@k - pass@1 on the eval grid, matched the same way
+  a = _run(a_p1, pass4=[(0, 0.5), (10, 0.8), (20, 0.9)], token_entropy=a_ent)
+  b = _run(b_p1, pass4=[(0, 0.5), (10, 0.7), (20, 0.8)], token_entropy=b_ent)
+  assert a.val_kmax() == 4
+  assert claims_stats.passk_gap_curve(a) == [(0, pytest.approx(0.3)), (10, pytest.approx(0.2)),
+                                             (20, pytest.approx(0.1))]
+  # gaps: A at step 15 -> 0.15; B at step 20 -> 0.1
+  assert claims_stats.matched_pair(claims_stats.passk_gap_curve)(a, b) == pytest.approx(0.05)
+  assert claims_stats.matched_pair(lambda r: r.curve("token_entropy"))(a, b) == pytest.approx(0.2)
+
+
+def test_claims_from_synthetic_runs_by_hand():
+  study = _study()
+  rise = [(0, 0.2), (150, 0.5), (300, 0.7)]
+  runs = {}
+  for seed in range(3):
+    runs.setdefault("oapl_L50", {})[seed] = _run(rise, 19200, 300, {"pass@1": 0.70 + 0.01 * seed})
+    runs.setdefault("oapl_L100", {})[seed] = _run(rise, 19200, 300, {"pass@1": 0.68 + 0.02 * seed})
+    runs.setdefault("grpo_obo", {})[seed] = _run(rise, 19200, 300, {"pass@1": 0.60})
+  outcomes = {o.claim.key: o for o in claims_stats.evaluate_claims(study, runs)}
+  assert outcomes["1"].summary.diffs == pytest.approx((0.10, 0.11, 0.12))
+  # claim 3: (L100 - L50) + 0.05 per seed: -0.02 + 0.05, -0.01 + 0.05, 0 + 0.05
+  assert outcomes["3"].summary.diffs == pytest.approx((0.03, 0.04, 0.05))
+  assert outcomes["3"].claim.comparator == "oapl_L50"
+  # claim 5: the same curves and budgets: log2 ratio 0 per seed; the best candidate of those present
+  assert outcomes["5"].summary.diffs == pytest.approx((0.0, 0.0, 0.0)) and outcomes["5"].arm == "oapl_L50"
+  assert outcomes["5"].summary.p == 1.0  # 1 x 3, capped at 1
+  assert outcomes["2"].summary.n == 0  # no entropy curve logged: missing, never a made-up number
+  auc = {o.claim.key: o for o in claims_stats.evaluate_claims(study, runs, primary="auc")}
+  assert auc["1"].summary.diffs == pytest.approx((0.0, 0.0, 0.0))  # equal curves: equal AUC
+
+
+def test_split_task_named_and_halved(tmp_path):
+  from oapl_jax import config_base
+  from experiments import split_task
+  data = "examples/sort_letters"
+  records = config_base.records_task(train_path=f"{data}/train.jsonl", reward="examples.sort_letters.reward:score",
+                                     eval_paths={"dev": f"{data}/dev.jsonl", "test": f"{data}/test.jsonl"})
+  task, tests = split_task.build(dict(base=records, test_sets="auto"))
+  assert list(task.eval_sets) == ["dev"] and list(tests) == ["test"]
+  task2, tests2 = split_task.build(dict(base=records, test_sets="dev"))
+  assert list(task2.eval_sets) == ["test"] and list(tests2) == ["dev"]
+  with pytest.raises(ValueError, match="validation set"):
+    split_task.build(dict(base=records, test_sets="dev,test"))
+  arithmetic = config_base.arithmetic_task(2, 64, 40)
+  task3, tests3 = split_task.build(dict(base=arithmetic, test_sets="auto", num_val=0, num_test=0))
+  assert (len(task3.eval_sets["val"]), len(tests3["test"])) == (20, 20)
+  assert not {p.prompt for p in task3.eval_sets["val"]} & {p.prompt for p in tests3["test"]}
+  task4, tests4 = split_task.build(dict(base=arithmetic, num_val=8, num_test=16))
+  assert (len(task4.eval_sets["val"]), len(tests4["test"])) == (8, 16)
 
 
 def test_hard_tail_halves():
