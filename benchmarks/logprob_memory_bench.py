@@ -18,8 +18,9 @@ import numpy as np
 
 from benchmarks import train_bench
 from oapl_jax import parallel
-from oapl_jax.models import api, qwen
-from oapl_jax.models.config import EXECUTION_FIELDS, QwenConfig
+from oapl_jax.models import api, decoder
+from oapl_jax.models.execution import EXECUTION_FIELDS
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import trainer
 
 GIB = 1024 ** 3
@@ -45,7 +46,7 @@ def main():
   chunk = {f: getattr(config, f) for f in EXECUTION_FIELDS if f.startswith("logprob_chunk")}
   mesh = parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   layout, model = parallel.Layout(mesh), api.for_config(config)
-  params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(0)), mesh, layout.rules)
+  params, _ = parallel.init_sharded(lambda: decoder.init_params(config, jax.random.PRNGKey(0)), mesh, layout.rules)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   train_cfg = trainer.TrainConfig()
   state = trainer.create_train_state(train_cfg, model, params, layout)

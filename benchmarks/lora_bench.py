@@ -18,8 +18,8 @@ import numpy as np
 
 from benchmarks import train_bench
 from oapl_jax import objectives, parallel
-from oapl_jax.models import api, lora, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import api, decoder, lora
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig
 
@@ -43,7 +43,7 @@ def main():
   config = QwenConfig.qwen3_0p6b().replace(num_layers=args.layers)
   model = api.for_config(config)
   layout = parallel.Layout(parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
-  params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(0)), layout.mesh, layout.rules)
+  params, _ = parallel.init_sharded(lambda: decoder.init_params(config, jax.random.PRNGKey(0)), layout.mesh, layout.rules)
   batch = train_bench.make_batch(args.prompts, args.group, args.seq_len, config.vocab_size, seed=0)
   print(f"Qwen3-0.6B width, {args.layers} layers, vocab {config.vocab_size}; batch {args.prompts} x {args.group} x "
         f"{args.seq_len}; LoRA rank {args.rank} on q/k/v/o", flush=True)

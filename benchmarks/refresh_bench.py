@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 from oapl_jax import parallel  # noqa: E402
 from oapl_jax.models import api  # noqa: E402
-from oapl_jax.models.config import preset  # noqa: E402
+from oapl_jax.models.families import preset  # noqa: E402
 from oapl_jax.sampler import core  # noqa: E402
 
 MODELS = {  # name -> preset overrides

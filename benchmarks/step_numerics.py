@@ -15,8 +15,8 @@ import jax
 
 from benchmarks import train_bench
 from oapl_jax import objectives, parallel
-from oapl_jax.models import api, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import api, decoder
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig
 
@@ -30,7 +30,7 @@ def main():
   config = QwenConfig.tiny(logprob_chunk_tokens=48, logprob_recompute=not args.keep_logits)
   mesh = parallel.make_mesh((1, args.devices, 1), devices=jax.devices()[:args.devices])
   layout, model = parallel.Layout(mesh), api.for_config(config)
-  params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(0)), mesh, layout.rules)
+  params, _ = parallel.init_sharded(lambda: decoder.init_params(config, jax.random.PRNGKey(0)), mesh, layout.rules)
   cfg = trainer.TrainConfig(loss="oapl", loss_settings=objectives.OAPLSettings(beta1=0.5, beta2=0.5), temperature=0.9,
                             optim=OptimConfig(lr=3e-3, b1=0.9, b2=0.95, eps=1e-8, max_grad_norm=1.0))
   state = trainer.create_train_state(cfg, model, params, layout)

@@ -115,7 +115,7 @@ def test_separate_sampler_and_trainer_meshes(tmp_path):
 
 
 def test_every_preset_builds():
-  from oapl_jax.models import config as model_config
-  for name in model_config.PRESETS:
-    assert model_config.preset(name).num_layers >= 1, name
-  assert model_config.preset("deepseek_r1_distill_qwen_14b").max_position_embeddings == 131072
+  from oapl_jax.models import families
+  for name in families.PRESETS:
+    assert families.preset(name).num_layers >= 1, name
+  assert families.preset("deepseek_r1_distill_qwen_14b").max_position_embeddings == 131072

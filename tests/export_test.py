@@ -15,7 +15,7 @@ from oapl_jax.run import assemble, schema
 from oapl_jax import checkpoints, config_base, export, parallel, run_dir
 from oapl_jax.apps import eval as eval_cli
 from oapl_jax.apps import export as export_app
-from oapl_jax.models import factory, hf, qwen
+from oapl_jax.models import decoder, factory, hf
 from oapl_jax.rl import loop, trainer
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
@@ -202,7 +202,7 @@ def test_run_from_hf_checkpoint_exports_its_tokenizer(tmp_path):
   with torch.no_grad():
     theirs = exported(torch.tensor(tokens)).logits.numpy()
     source_logits = torch_source(torch.tensor(tokens)).logits.numpy()
-  mine = np.asarray(qwen.logits(jax.device_get(moved), model.config, tokens))
+  mine = np.asarray(decoder.logits(jax.device_get(moved), model.config, tokens))
   assert np.max(np.abs(theirs - mine)) / np.max(np.abs(mine)) < 1e-4
   assert np.max(np.abs(theirs - source_logits)) > 1e-2
 

@@ -23,7 +23,6 @@ from configs import arithmetic
 from oapl_jax import parallel, sections
 from oapl_jax.run import assemble, check, schema
 from oapl_jax.models import factory
-from oapl_jax.models import config as model_config
 from oapl_jax.rl import trainer
 from oapl_jax.rl.schedule import WindowSchedule
 from oapl_jax.rl.warmstart import WarmStartConfig

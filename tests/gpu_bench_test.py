@@ -1,6 +1,6 @@
 """benchmarks/gpu_bench.py's decode floor against a hand count, and its attention table on CPU."""
 from benchmarks import gpu_bench
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models.qwen.config import QwenConfig
 
 
 def test_decode_floor_is_the_larger_of_bytes_and_flops():

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face Qwen checkpoints written with `transformers`, for parity tests."""
+"""Tiny random Hugging Face Qwen and Llama checkpoints written with `transformers`, for parity tests."""
 import os
 
 import torch
@@ -9,12 +9,15 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
 
 
 def make_hf_model(family: str = "qwen3", tie: bool = False, seed: int = 0, **overrides):
-  """A random HF Qwen model whose weights are perturbed away from the init (norms != 1, biases != 0)."""
+  """A random HF model (qwen3, qwen2 or llama) whose weights are perturbed away from the init (norms != 1,
+  biases != 0). Llama takes its rope scaling as `rope_scaling={"rope_type": "llama3", ...}`."""
   kw = dict(TINY, tie_word_embeddings=tie, **overrides)
   if family == "qwen3":
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=kw["hidden_size"] // kw["num_attention_heads"], **kw))
   elif family == "qwen2":
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
+  elif family == "llama":
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
   else:
     raise ValueError(family)
   gen = torch.Generator().manual_seed(seed)

@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks import matmul_floor
 from oapl_jax import compile_check
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models.qwen.config import QwenConfig
 
 
 def _flops(shapes):

@@ -10,8 +10,8 @@ import pytest
 import torch
 import transformers
 
-from oapl_jax.models import hf, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import decoder, hf
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.models.safetensors_io import SafetensorsFile, save_file
 from tests.hf_fixtures import make_chat_tokenizer, make_hf_checkpoint
 
@@ -31,7 +31,7 @@ def _copy(src, dst):
 @pytest.mark.parametrize("family,tie", [("qwen3", False), ("qwen2", True)])
 def test_export_round_trip_loads_in_transformers(tmp_path, family, tie):
   config = QwenConfig.tiny(qk_norm=family == "qwen3", qkv_bias=family == "qwen2", tie_word_embeddings=tie)
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(4)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(4)))
   # Make norms and biases non-trivial so a dropped tensor would show up in the logits.
   params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(5), x.shape), params)
   hf.save(str(tmp_path), config, params)
@@ -39,7 +39,7 @@ def test_export_round_trip_loads_in_transformers(tmp_path, family, tie):
   tokens = np.random.RandomState(0).randint(0, config.vocab_size, (2, 10))
   with torch.no_grad():
     ref = torch_model(torch.tensor(tokens)).logits.numpy()
-  ours = np.asarray(qwen.logits(params, config, tokens))
+  ours = np.asarray(decoder.logits(params, config, tokens))
   assert np.max(np.abs(ours - ref)) / np.max(np.abs(ref)) < 1e-4
   config2, params2 = hf.load(str(tmp_path))
   assert config2 == config
@@ -73,12 +73,12 @@ def test_missing_directory(tmp_path):
 
 
 def test_other_architecture(tmp_path, qwen3_dir):
-  path = _copy(qwen3_dir, tmp_path / "llama")
+  path = _copy(qwen3_dir, tmp_path / "gemma")
   cfg_path = os.path.join(path, "config.json")
   cfg = json.load(open(cfg_path))
-  cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+  cfg.update(model_type="gemma", architectures=["GemmaForCausalLM"])
   json.dump(cfg, open(cfg_path, "w"))
-  with pytest.raises(hf.CheckpointError, match=r"config.json.*'llama'.*LlamaForCausalLM"):
+  with pytest.raises(hf.CheckpointError, match=r"config.json.*'gemma'.*GemmaForCausalLM.*\['llama', 'qwen2', 'qwen3'\]"):
     hf.load(path)
 
 
@@ -112,7 +112,7 @@ def test_save_writes_token_ids_generation_config_and_tokenizer_files(tmp_path):
   source = tmp_path / "source"
   tokenizer = make_chat_tokenizer(source)
   config = QwenConfig.tiny(vocab_size=320)
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
   ids = hf.TokenIds(eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
   out = str(tmp_path / "out")
   hf.save(out, config, params, token_ids=ids, generation={"do_sample": True, "temperature": 0.6, "top_p": 0.95},
@@ -140,7 +140,7 @@ def test_save_writes_token_ids_generation_config_and_tokenizer_files(tmp_path):
 
 def test_save_refuses_a_tokenizer_source_without_tokenizer_files(tmp_path):
   config = QwenConfig.tiny()
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
   (tmp_path / "empty").mkdir()
   with pytest.raises(hf.CheckpointError, match=r"empty: no tokenizer files there"):
     hf.save(str(tmp_path / "out"), config, params, tokenizer_from=str(tmp_path / "empty"))

@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from oapl_jax import parallel
-from oapl_jax.models import qwen, vocab_logprobs
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import decoder, vocab_logprobs
+from oapl_jax.models.qwen.config import QwenConfig
 
 TINY = QwenConfig.tiny(num_layers=1)
 _PROJECT = lambda w, h: jnp.einsum("...e,ve->...v", h, w)  # pylint: disable=unnecessary-lambda-assignment
@@ -19,7 +19,7 @@ _PROJECT = lambda w, h: jnp.einsum("...e,ve->...v", h, w)  # pylint: disable=unn
 
 def _reference(params, config, tokens_BxT, targets_BxT, temperature):
   """log_softmax of the full [B, T, V] logits / temperature at the targets, and its entropy."""
-  z_BxTxV = qwen.logits(params, config, tokens_BxT) / temperature
+  z_BxTxV = decoder.logits(params, config, tokens_BxT) / temperature
   logq_BxTxV = jax.nn.log_softmax(z_BxTxV, axis=-1)
   logp_BxT = jnp.take_along_axis(logq_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
   return logp_BxT, -jnp.sum(jnp.exp(logq_BxTxV) * logq_BxTxV, axis=-1)
@@ -38,19 +38,19 @@ def _weighted_sum(fn, w_BxT, u_BxT):
 @pytest.mark.parametrize("chunk_tokens", [5, 64])  # 5 divides neither B x T = 21 nor T = 7; 64 is one chunk
 def test_values_and_gradients_equal_the_full_logits_reference(chunk_tokens, tied, recompute):
   config = TINY.replace(logprob_chunk_tokens=chunk_tokens, tie_word_embeddings=tied, logprob_recompute=recompute)
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
   rng = np.random.RandomState(0)
   tokens, targets = (jnp.asarray(rng.randint(0, config.vocab_size, (3, 7))) for _ in range(2))
   w, u = (jnp.asarray(rng.normal(size=(3, 7)), jnp.float32) for _ in range(2))
   temperature = 0.7
-  ours = lambda p: qwen.token_logprobs(p, config, tokens, targets, temperature=temperature,  # noqa: E731
+  ours = lambda p: decoder.token_logprobs(p, config, tokens, targets, temperature=temperature,  # noqa: E731
                                        with_entropy=True)
   ref = lambda p: _reference(p, config, tokens, targets, temperature)  # noqa: E731
 
   (logp, entropy), (want_logp, want_entropy) = jax.jit(ours)(params), jax.jit(ref)(params)
   np.testing.assert_allclose(logp, want_logp, atol=1e-5, rtol=0)
   np.testing.assert_allclose(entropy, want_entropy, atol=1e-5, rtol=0)
-  np.testing.assert_allclose(qwen.token_logprobs(params, config, tokens, targets, temperature=temperature),
+  np.testing.assert_allclose(decoder.token_logprobs(params, config, tokens, targets, temperature=temperature),
                              want_logp, atol=1e-5, rtol=0)
 
   grads = jax.jit(jax.grad(_weighted_sum(ours, w, u)))(params)
@@ -78,14 +78,14 @@ def test_needed_positions_equal_the_reference_and_the_rest_are_zero(chunk_tokens
   the full-logits reference, the others are 0, and the gradient equals the reference's through the needed
   positions only."""
   config = TINY.replace(logprob_chunk_tokens=chunk_tokens, logprob_recompute=recompute)
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(2)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(2)))
   rng = np.random.RandomState(2)
   B, T = 4, 9
   tokens, targets = (jnp.asarray(rng.randint(0, config.vocab_size, (B, T))) for _ in range(2))
   needed = rng.rand(B, T) < 0.4
   needed[1], needed[2] = False, True
   w, u = (jnp.asarray(rng.normal(size=(B, T)), jnp.float32) for _ in range(2))
-  ours = lambda p: qwen.token_logprobs(p, config, tokens, targets, temperature=0.9,  # noqa: E731
+  ours = lambda p: decoder.token_logprobs(p, config, tokens, targets, temperature=0.9,  # noqa: E731
                                        with_entropy=True, needed_BxT=jnp.asarray(needed))
   ref = lambda p: jax.tree.map(lambda x: jnp.where(needed, x, 0.0),  # noqa: E731
                                _reference(p, config, tokens, targets, 0.9))
@@ -180,9 +180,9 @@ def test_tails_project_the_needed_tokens_rounded_up_to_a_unit():
 
 
 def _backward_temp_bytes(config, B, T):
-  params = jax.eval_shape(lambda: nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0))))
+  params = jax.eval_shape(lambda: nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0))))
   tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
-  grad = jax.jit(jax.grad(lambda p, t: jnp.sum(qwen.token_logprobs(p, config, t, t, with_entropy=True)[0])))
+  grad = jax.jit(jax.grad(lambda p, t: jnp.sum(decoder.token_logprobs(p, config, t, t, with_entropy=True)[0])))
   return grad.lower(params, tokens).compile().memory_analysis().temp_size_in_bytes
 
 
@@ -210,20 +210,20 @@ def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows(with
   assert jax.device_count() == 8
   V, B, T = 4096, 16, 12
   config = QwenConfig.tiny(vocab_size=V, num_layers=1, logprob_chunk_tokens=24)
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(1)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(1)))
   rng = np.random.RandomState(1)
   tokens, targets = (rng.randint(0, V, (B, T)).astype(np.int32) for _ in range(2))
   w = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
   needed = jnp.asarray(rng.rand(B, T) < 0.5) if with_needed else None
 
   def loss(p, t, y):
-    logp_BxT, entropy_BxT = qwen.token_logprobs(p, config, t, y, temperature=0.8, with_entropy=True,
+    logp_BxT, entropy_BxT = decoder.token_logprobs(p, config, t, y, temperature=0.8, with_entropy=True,
                                                 needed_BxT=needed)
     return jnp.sum(w * logp_BxT) + jnp.sum(entropy_BxT), logp_BxT
 
   one = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, tokens, targets)
   mesh, rules = parallel.make_mesh((1, 4, 2)), parallel.DEFAULT_RULES
-  params_8, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(1)), mesh, rules)
+  params_8, _ = parallel.init_sharded(lambda: decoder.init_params(config, jax.random.PRNGKey(1)), mesh, rules)
   tokens_8, targets_8 = (jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp")))) for x in (tokens, targets))
 
   def sharded(p, t, y):
@@ -247,12 +247,12 @@ def test_keeping_the_logits_saves_exactly_one_projection_in_the_backward():
   body once, so the difference is one chunk's projection (4 chunks of 8 tokens here)."""
   B, T = 2, 16
   config = QwenConfig.tiny(vocab_size=4096, num_layers=1, logprob_chunk_tokens=8)
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
   tokens = jnp.zeros((B, T), jnp.int32)
 
   def flops(recompute):
     c = config.replace(logprob_recompute=recompute)
-    grad = jax.jit(jax.grad(lambda p: jnp.sum(qwen.token_logprobs(p, c, tokens, tokens, with_entropy=True)[0])))
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(decoder.token_logprobs(p, c, tokens, tokens, with_entropy=True)[0])))
     cost = grad.lower(params).compile().cost_analysis()
     return (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
 

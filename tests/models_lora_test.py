@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from oapl_jax import checkpoints, export, objectives, parallel, sections
-from oapl_jax.models import api, hf, lora, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import api, decoder, hf, lora
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import loop, trainer
 from oapl_jax.rl.optim import OptimConfig
 from oapl_jax.run import assemble, check, schema
@@ -64,7 +64,7 @@ def test_merge_equals_peft_merge_and_unload(tmp_path):
 def _setup(settings: lora.LoraSettings):
   config = QwenConfig.tiny()
   model, layout = api.for_config(config), parallel.Layout(parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
-  params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(0)), layout.mesh, layout.rules)
+  params, _ = parallel.init_sharded(lambda: decoder.init_params(config, jax.random.PRNGKey(0)), layout.mesh, layout.rules)
   cfg = trainer.TrainConfig(loss_settings=objectives.OAPLSettings(beta1=0.5, beta2=0.05), lora=settings,
                             optim=OptimConfig(lr=1e-2, max_grad_norm=0.0))
   return cfg, model, layout, params
@@ -169,7 +169,7 @@ def test_in_layer_adapters_give_the_merged_models_log_probs(execution):
   settings = lora.LoraSettings(rank=3, alpha=6.0, targets=lora.PROJECTIONS)
   config = QwenConfig.tiny().replace(**execution)
   model = api.for_config(config)
-  params = qwen.init_params(config, jax.random.PRNGKey(0))
+  params = decoder.init_params(config, jax.random.PRNGKey(0))
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   params = nn.unbox(params)
   adapters = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(x.size), x.shape) * 0.05,

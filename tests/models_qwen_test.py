@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from oapl_jax import parallel
-from oapl_jax.models import hf, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import decoder, hf
+from oapl_jax.models.qwen.config import QwenConfig
 from tests.hf_fixtures import make_hf_checkpoint
 
 CASES = [("qwen3", False), ("qwen3", True), ("qwen2", False), ("qwen2", True)]
@@ -44,7 +44,7 @@ def test_logits_match_transformers_right_padded(checkpoint):
   tokens = tokens * mask  # pad id 0 after each row's length
   with torch.no_grad():
     ref = torch_model(torch.tensor(tokens), attention_mask=torch.tensor(mask)).logits.numpy()
-  ours = np.asarray(qwen.logits(params, config, jnp.asarray(tokens)))
+  ours = np.asarray(decoder.logits(params, config, jnp.asarray(tokens)))
   real = mask.astype(bool)
   assert _rel_err(ours[real], ref[real]) < 1e-4
 
@@ -59,7 +59,7 @@ def test_left_padding_with_positions_and_key_mask(checkpoint):
   with torch.no_grad():
     ref = torch_model(torch.tensor(tokens), attention_mask=torch.tensor(mask),
                       position_ids=torch.tensor(positions)).logits.numpy()
-  ours = np.asarray(qwen.logits(params, config, tokens, positions, key_mask_BxS=mask))
+  ours = np.asarray(decoder.logits(params, config, tokens, positions, key_mask_BxS=mask))
   real = mask.astype(bool)
   assert _rel_err(ours[real], ref[real]) < 1e-4
 
@@ -71,12 +71,12 @@ def test_token_logprobs_match_log_softmax_at_temperature(checkpoint):
   tokens = rng.randint(0, config.vocab_size, (2, 11))
   targets = rng.randint(0, config.vocab_size, (2, 11))
   for temperature in (1.0, 0.6):
-    z = np.asarray(qwen.logits(params, config, tokens), np.float64) / temperature
+    z = np.asarray(decoder.logits(params, config, tokens), np.float64) / temperature
     logp_ref = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
     want = np.take_along_axis(logp_ref, targets[..., None], -1)[..., 0]
     p = np.exp(logp_ref)
     want_entropy = -(p * logp_ref).sum(-1)
-    got, entropy = qwen.token_logprobs(params, config, tokens, targets, temperature=temperature, with_entropy=True)
+    got, entropy = decoder.token_logprobs(params, config, tokens, targets, temperature=temperature, with_entropy=True)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-4)
     np.testing.assert_allclose(np.asarray(entropy), want_entropy, atol=1e-4)
 
@@ -95,20 +95,20 @@ def test_sharded_forward_equals_single_device(checkpoint):
   tokens = np.random.RandomState(3).randint(0, config.vocab_size, (4, 8))
   rules = parallel.DEFAULT_RULES
   with parallel.sharding_context(mesh, rules):  # activation constraints active, as in training
-    forward = jax.jit(lambda p, t: qwen.logits(p, config, t))
+    forward = jax.jit(lambda p, t: decoder.logits(p, config, t))
     hlo = forward.lower(params_8, tokens).as_text()
     sharded = forward(params_8, tokens)
   # Activations constrained: the embedding output, plus q, the MLP hidden and the residual in the scanned layer.
   assert hlo.count("sdy.sharding_constraint") >= 4
-  single = qwen.logits(params_1, config, tokens)
+  single = decoder.logits(params_1, config, tokens)
   np.testing.assert_allclose(np.asarray(sharded), np.asarray(single), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.devices(8)
 def test_params_born_sharded_from_init():
-  config = qwen.QwenConfig.tiny()
+  config = QwenConfig.tiny()
   mesh = parallel.make_mesh((1, 4, 2))
-  params, shardings = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(0)), mesh,
+  params, shardings = parallel.init_sharded(lambda: decoder.init_params(config, jax.random.PRNGKey(0)), mesh,
                                             parallel.DEFAULT_RULES)
   mlp = params["layers"]["mlp"]["gate_proj"]["kernel"]
   assert mlp.shape == (2, 64, 128)
@@ -122,8 +122,8 @@ def test_rotary_table_lookup_equals_computed_angles():
   are cos(position * theta^(-2i / head_dim)), computed here in numpy."""
   config = QwenConfig.tiny()
   positions = jnp.array([[0, 5, 31], [7, 7, 2]])
-  table = qwen.rotary_table(config, 32)
-  looked_up, computed = qwen.rotary(config, positions, table), qwen.rotary(config, positions)
+  table = decoder.rotary_table(config, 32)
+  looked_up, computed = decoder.rotary(config, positions, table), decoder.rotary(config, positions)
   assert looked_up.cos.shape == computed.cos.shape == (2, 3, 1, config.head_dim // 2)
   np.testing.assert_allclose(looked_up.cos, computed.cos, atol=1e-6)
   np.testing.assert_allclose(looked_up.sin, computed.sin, atol=1e-6)

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from oapl_jax import parallel, sections
-from oapl_jax.models import qwen
-from oapl_jax.models.config import REMAT_POLICIES, Execution, QwenConfig
+from oapl_jax.models import decoder, execution as model_execution
+from oapl_jax.models.execution import REMAT_POLICIES, Execution
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.models.factory import ModelSpec
 
 # Odd T (13) and 3 MLP pieces: the last piece is padded, and the padding must not leak into any output.
@@ -18,7 +19,7 @@ EXECUTIONS = [dict(remat=True, remat_policy=p) for p in REMAT_POLICIES] + [
 
 def _problem():
   config = QwenConfig.tiny(dtype="float32", attention="reference")
-  params = nn.unbox(qwen.init_params(config, jax.random.PRNGKey(0)))
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
   tokens_BxT = jax.random.randint(jax.random.PRNGKey(1), (8, 13), 0, config.vocab_size)
   weights_BxT = jax.random.normal(jax.random.PRNGKey(2), tokens_BxT.shape)
   return config, params, tokens_BxT, weights_BxT
@@ -26,7 +27,7 @@ def _problem():
 
 def _loss(params, config, tokens_BxT, weights_BxT):
   """A least-squares fit of per-token log-probs to random targets: every position and layer reaches it."""
-  logp_BxT = qwen.token_logprobs(params, config, tokens_BxT, jnp.roll(tokens_BxT, -1, axis=1))
+  logp_BxT = decoder.token_logprobs(params, config, tokens_BxT, jnp.roll(tokens_BxT, -1, axis=1))
   return jnp.mean((logp_BxT - weights_BxT) ** 2)
 
 
@@ -50,7 +51,7 @@ def test_execution_gives_the_plain_models_loss_and_gradients(execution):
   config, params, tokens, weights = _problem()
   variant = config.replace(**execution)
   # The same parameters: a checkpoint trained one way loads the other.
-  assert jax.tree.map(jnp.shape, nn.unbox(qwen.init_params(variant, jax.random.PRNGKey(0)))) == \
+  assert jax.tree.map(jnp.shape, nn.unbox(decoder.init_params(variant, jax.random.PRNGKey(0)))) == \
       jax.tree.map(jnp.shape, params)
   assert variant.architecture == config.architecture
   _assert_same(_value_and_grad(variant, params, tokens, weights), _value_and_grad(config, params, tokens, weights))
@@ -69,13 +70,13 @@ def test_sharded_offload_with_pieces_gives_the_plain_models_gradients():
 def test_pieces_keep_the_cached_forward():
   """The sampler's forward (prefill, then one decode step) with MLP pieces equals the unchunked one."""
   config, params, tokens, _ = _problem()
-  per_layer = qwen.unstack_layers(params)
+  per_layer = decoder.unstack_layers(params)
   outs = []
   for c in (config, config.replace(mlp_chunks=4)):
-    cache = qwen.init_cache(c, 8, 16)
+    cache = decoder.init_cache(c, 8, 16)
     positions = jnp.broadcast_to(jnp.arange(13), tokens.shape)
-    hidden, cache = qwen.forward_with_cache(per_layer, c, tokens, positions, cache)
-    step, _ = qwen.forward_with_cache(per_layer, c, tokens[:, :1], jnp.full((8, 1), 13), cache)
+    hidden, cache = decoder.forward_with_cache(per_layer, c, tokens, positions, cache)
+    step, _ = decoder.forward_with_cache(per_layer, c, tokens[:, :1], jnp.full((8, 1), 13), cache)
     outs.append((hidden, step))
   for a, b in zip(*outs):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
@@ -89,4 +90,4 @@ def test_bad_execution_values_are_clear_errors(field, value, message):
   with pytest.raises(sections.ConfigError, match=f"model.{field}"):
     sections.build(ModelSpec, {field: value}, "model")
   with pytest.raises(ValueError, match="remat_policy"):
-    qwen.remat_policy("offload")
+    model_execution.remat_policy("offload")

@@ -113,13 +113,13 @@ def test_local_checkpoint_with_relative_paths(hub_cache, tmp_path, monkeypatch, 
   assert f"{torch_params:,} parameters" in capsys.readouterr().out
 
 
-def test_non_qwen_architecture_is_refused(tmp_path, capsys):
-  (tmp_path / "llama").mkdir()
-  config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
-  (tmp_path / "llama" / "config.json").write_text(json.dumps(config))
-  assert prepare_app.main(["model", str(tmp_path / "llama"), "--out", str(tmp_path / "out")]) == 2
+def test_unknown_architecture_is_refused(tmp_path, capsys):
+  (tmp_path / "gemma").mkdir()
+  config = {"model_type": "gemma", "architectures": ["GemmaForCausalLM"]}
+  (tmp_path / "gemma" / "config.json").write_text(json.dumps(config))
+  assert prepare_app.main(["model", str(tmp_path / "gemma"), "--out", str(tmp_path / "out")]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and "model_type='llama'" in err[0] and "supported: ['qwen2', 'qwen3']" in err[0], err
+  assert len(err) == 1 and "model_type='gemma'" in err[0] and "supported: ['llama', 'qwen2', 'qwen3']" in err[0], err
   assert not (tmp_path / "out").exists()
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from configs import arithmetic as arithmetic_config
 from oapl_jax import parallel, sections
-from oapl_jax.models import api, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import api, decoder
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.run import check, schema
 from oapl_jax.sampler import core, rollout
@@ -20,7 +20,7 @@ CONFIG = QwenConfig.tiny().replace(vocab_size=32, max_position_embeddings=64)
 
 @pytest.fixture(scope="module")
 def sampler_and_params():
-  params, _ = parallel.init_sharded(lambda: qwen.init_params(CONFIG, jax.random.PRNGKey(3)),
+  params, _ = parallel.init_sharded(lambda: decoder.init_params(CONFIG, jax.random.PRNGKey(3)),
                                     parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1]), parallel.DEFAULT_RULES)
   sampler = core.Sampler(api.for_config(CONFIG), num_slots=8, max_prefill_length=16, max_new_tokens=6)
   sampler.refresh(params)

@@ -8,7 +8,7 @@ import pytest
 from oapl_jax import objectives, parallel
 from benchmarks import train_bench
 from oapl_jax.models import api
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import trainer
 from oapl_jax.rl.monitors import DivergenceError, HealthMonitor, MonitorConfig
 

@@ -10,7 +10,7 @@ import pytest
 
 from oapl_jax import parallel
 from oapl_jax.models import api
-from oapl_jax.models.config import preset
+from oapl_jax.models.families import preset
 from oapl_jax import sections
 from oapl_jax.rl import offline, trainer
 from oapl_jax.run import assemble

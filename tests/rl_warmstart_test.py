@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from oapl_jax import objectives, parallel
-from oapl_jax.models import api, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import api, decoder
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import trainer, warmstart
 from oapl_jax.rl.optim import OptimConfig
 from oapl_jax.tasks.base import Demonstration
@@ -24,7 +24,7 @@ def _demos(n, seed=0):
 def test_warm_start_equals_plain_steps_on_the_same_rows():
   mesh = parallel.make_mesh((1, -1, 1))  # 8 devices: the batch arrives split over them
   model, layout = api.for_config(CONFIG), parallel.Layout(mesh)
-  params, _ = parallel.init_sharded(lambda: qwen.init_params(CONFIG, jax.random.PRNGKey(0)), mesh,
+  params, _ = parallel.init_sharded(lambda: decoder.init_params(CONFIG, jax.random.PRNGKey(0)), mesh,
                                     parallel.DEFAULT_RULES)
   demos, seq_len, batch_size, steps = _demos(24), 8, 8, 3
   config = warmstart.WarmStartConfig(steps=steps, batch_size=batch_size, optim=OptimConfig(lr=1e-2))

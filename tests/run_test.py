@@ -7,7 +7,8 @@ import pytest
 from configs import arithmetic, code, own_task
 from oapl_jax import config_base, sections
 from oapl_jax.models import api, factory
-from oapl_jax.models.config import Execution, QwenConfig
+from oapl_jax.models.execution import Execution
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl.optim import OptimConfig
 from oapl_jax.rl.warmstart import WarmStartConfig
 from oapl_jax.run import assemble, files, schema

@@ -1,5 +1,5 @@
 """Sampler core + rollout driver against independent references: the trainer forward
-(qwen.token_logprobs / qwen.logits), numpy top-k/top-p renormalisation, a chi-square test, and
+(decoder.token_logprobs / decoder.logits), numpy top-k/top-p renormalisation, a chi-square test, and
 decoding each sample alone."""
 import functools
 
@@ -10,7 +10,7 @@ import scipy.special
 import scipy.stats
 
 from oapl_jax import parallel
-from oapl_jax.models import api, hf, qwen
+from oapl_jax.models import api, decoder, hf
 from oapl_jax.sampler import core, rollout, sampling
 from oapl_jax.sampler.sampling import sample_tokens
 from oapl_jax.sampler.settings import SamplingSettings
@@ -56,12 +56,12 @@ L_REF = 32  # fixed padded length for reference forwards: one compile for all te
 
 @functools.partial(jax.jit, static_argnums=(1, 3))
 def _ref_token_logprobs(params, config, tokens_BxL, temperature):
-  return qwen.token_logprobs(params, config, tokens_BxL[:, :-1], tokens_BxL[:, 1:], temperature=temperature)
+  return decoder.token_logprobs(params, config, tokens_BxL[:, :-1], tokens_BxL[:, 1:], temperature=temperature)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _ref_logits(params, config, tokens_BxL):
-  return qwen.logits(params, config, tokens_BxL)
+  return decoder.logits(params, config, tokens_BxL)
 
 
 def _padded(seqs):
@@ -168,7 +168,7 @@ def test_top_k_top_p_sample_allowed_set_with_renormalised_logp(model, sampler, t
 
 def test_plain_sampling_matches_model_distribution_chisquare(model):
   config, params = model
-  logits_V = np.asarray(qwen.logits(params, config, np.array([PROMPTS[0]])))[0, -1]
+  logits_V = np.asarray(decoder.logits(params, config, np.array([PROMPTS[0]])))[0, -1]
   n = 20000
   uniforms = jax.random.uniform(jax.random.PRNGKey(0), (n,))
   tokens, logp = sample_tokens(np.broadcast_to(logits_V, (n, logits_V.size)), uniforms, 1.0, 1.0, 0)
@@ -332,7 +332,7 @@ def test_scoring_memory_is_bounded_by_the_chunk_not_by_rows_times_positions():
   """Sampler.score projects onto the vocabulary in chunks of logprob_chunk_tokens: one [64, V] float32 block
   is 8 MiB at V = 32768, and scoring 16 rows instead of 4 adds less than half of one block
   to XLA's temporary memory, where whole [B, T, V] logits would add 48 blocks (T = 65: 64 scored positions)."""
-  from oapl_jax.models.config import QwenConfig
+  from oapl_jax.models.qwen.config import QwenConfig
   V, T = 32768, 65
   config = QwenConfig.tiny(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                            num_kv_heads=1, head_dim=16, logprob_chunk_tokens=64)

@@ -11,8 +11,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from oapl_jax import objectives, sections, parallel
-from oapl_jax.models import api, qwen
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models import api, decoder
+from oapl_jax.models.qwen.config import QwenConfig
 from benchmarks import train_bench
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig, make_schedule
@@ -25,7 +25,7 @@ def _one_device_mesh():
 
 
 def _params(config=CONFIG, seed=0):
-  params, _ = parallel.init_sharded(lambda: qwen.init_params(config, jax.random.PRNGKey(seed)),
+  params, _ = parallel.init_sharded(lambda: decoder.init_params(config, jax.random.PRNGKey(seed)),
                                     _one_device_mesh(), parallel.DEFAULT_RULES)
   return params
 
@@ -92,7 +92,7 @@ def test_gradient_accumulation_matches_one_batch():
 def _reference(params, batch, temperature, beta1, beta2):
   """float64 numpy: per-token logp at temperature, entropy, and the OAPL loss (Eq. 2-3)."""
   B, G, T = batch["tokens"].shape
-  logits = np.asarray(qwen.logits(params, CONFIG, batch["tokens"].reshape(B * G, T),
+  logits = np.asarray(decoder.logits(params, CONFIG, batch["tokens"].reshape(B * G, T),
                                   batch["positions"].reshape(B * G, T)), np.float64) / temperature
   z = logits - logits.max(-1, keepdims=True)
   logq = z - np.log(np.exp(z).sum(-1, keepdims=True))

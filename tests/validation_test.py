@@ -10,7 +10,8 @@ from configs import arithmetic, gsm8k, math as math_config
 from oapl_jax import sections
 from oapl_jax.run import check, schema
 from oapl_jax.tasks import problem_checks
-from oapl_jax.models import config as model_config, hf
+from oapl_jax.models import hf
+from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.tasks import arithmetic as arithmetic_task, factory, sources
 from oapl_jax.tasks.base import Problem
 from oapl_jax.sections import ConfigError
@@ -189,7 +190,7 @@ def _chat_files(tmp_path, max_positions: int):
   """A checkpoint directory whose config.json is Qwen3-4B-Thinking with `max_positions`, data files."""
   ckpt = tmp_path / "ckpt"
   ckpt.mkdir()
-  arch = model_config.QwenConfig.qwen3_4b_thinking_2507().replace(max_position_embeddings=max_positions)
+  arch = QwenConfig.qwen3_4b_thinking_2507().replace(max_position_embeddings=max_positions)
   (ckpt / "config.json").write_text(json.dumps(hf.config_to_hf(arch, "bfloat16")))
   data = tmp_path / "data.jsonl"
   data.write_text('{"problem": "1+1?", "answer": "2"}\n')

@@ -8,9 +8,9 @@
     hidden_BxTxE, cache = model.forward_with_cache(snapshot, tokens_BxT, positions_BxT, cache)
     logits_BxV = model.logits(snapshot, hidden_BxE)
 
-A family implements `CausalLM` (Qwen: models/qwen_lm.py `QwenLM`) and registers its config type in
-`for_config`. The trainer and the sampler never import a family module, so a second family or a new
-attention kernel changes no code in rl/ or sampler/.
+A family implements `CausalLM` (the shared decoder's: models/decoder_lm.py `DecoderLM`) and registers it in
+models/families.py, which `for_config` dispatches through. The trainer and the sampler never import a family
+module, so a new family or a new attention kernel changes no code in rl/ or sampler/.
 """
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ class CausalLM(Protocol):
     """PartitionSpecs of logical axis names, matching the (training-layout) params tree."""
 
   def with_execution(self, **changes) -> "CausalLM":
-    """The same architecture run another way: dtypes, remat, kernel (models/config.Execution's fields)."""
+    """The same architecture run another way: dtypes, remat, kernel (models/execution.Execution's fields)."""
 
   def same_architecture(self, other: "CausalLM") -> bool:
     """Whether `other`'s weights fit this model (how either runs may differ)."""
@@ -81,8 +81,6 @@ class CausalLM(Protocol):
 
 
 def for_config(config: Any) -> CausalLM:
-  """The CausalLM for a family config."""
-  from oapl_jax.models import config as configs, qwen_lm  # pylint: disable=import-outside-toplevel
-  if isinstance(config, configs.QwenConfig):
-    return qwen_lm.QwenLM(config)
-  raise TypeError(f"no model family for config type {type(config).__name__}")
+  """The CausalLM for a family config (models/families.py; TypeError for a config of no family)."""
+  from oapl_jax.models import families  # pylint: disable=import-outside-toplevel
+  return families.of_config(config).causal_lm(config)

@@ -7,12 +7,15 @@ import jax
 
 from oapl_jax import parallel, sections
 from oapl_jax.models import api, hf
-from oapl_jax.models.config import EXECUTION_FIELDS, PRESETS, Execution, QwenConfig
+from oapl_jax.models.decoder_config import DecoderConfig
+from oapl_jax.models.execution import EXECUTION_FIELDS, Execution
+from oapl_jax.models.families import PRESETS
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec(Execution):
-  """The `model` section: what the network is (an HF checkpoint directory, else a preset with
+  """The `model` section: what the network is (an HF checkpoint directory of any family in
+  models/families.py, its family from config.json's model_type; else a preset of any family, with
   architecture overrides) and how it runs (the Execution fields: dtypes, remat, attention kernel)."""
   checkpoint: str = ""  # an HF directory (then preset is ignored); '' = the preset from random weights
   preset: str = sections.rule("tiny", choices=tuple(PRESETS))
@@ -33,7 +36,7 @@ class ModelSpec(Execution):
     return os.path.abspath(os.path.expanduser(self.checkpoint)) if self.checkpoint else ""
 
 
-def architecture(spec: ModelSpec, *, preset_when_absent: bool = False) -> QwenConfig:
+def architecture(spec: ModelSpec, *, preset_when_absent: bool = False) -> DecoderConfig:
   """The model's config without weights: the checkpoint's config.json, else the preset + overrides;
   run as spec's execution says. preset_when_absent: a checkpoint that is not on this host (compiling
   for a pod from a laptop) is read as the preset its name matches (Qwen3-4B-Thinking-2507 ->
@@ -71,7 +74,7 @@ def load_pretrained(path: str, layout: parallel.Layout, **execution):
   return api.for_config(config), params
 
 
-def build_model(spec: ModelSpec, layout: parallel.Layout, seed: int, config: Optional[QwenConfig] = None):
+def build_model(spec: ModelSpec, layout: parallel.Layout, seed: int, config: Optional[DecoderConfig] = None):
   """(CausalLM, params born sharded on `layout`): the checkpoint's weights, or the preset's from `seed`."""
   config = config or architecture(spec)
   if spec.checkpoint:

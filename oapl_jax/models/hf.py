@@ -1,13 +1,14 @@
-"""Hugging Face Qwen checkpoint directories <-> our Flax params.
+"""Hugging Face checkpoint directories <-> our Flax params, for every family in models/families.py.
 
-    config, params = hf.load("/ckpt/Qwen3-4B", mesh=mesh, dtype="bfloat16")
+    config, params = hf.load("/ckpt/Qwen3-4B", mesh=mesh, dtype="bfloat16")   # the family from config.json
     hf.save("/out/dir", config, params)   # loads back with transformers.AutoModelForCausalLM
     hf.save("/out/dir", config, params, token_ids=hf.TokenIds(eos=151645, pad=151643),
             generation={"temperature": 0.6, "top_p": 0.95, "do_sample": True}, tokenizer_from="/ckpt/Qwen3-4B")
 
-`load` builds each parameter with `jax.make_array_from_callback`, so every device reads only its
-own block straight from the memory-mapped safetensors files; the full model never sits on one
-device or in one host buffer.
+This file is the generic part (config.json, safetensors shards, the index, tokenizer files); a family's
+config mapping and tensor names come from its registry entry. `load` builds each parameter with
+`jax.make_array_from_callback`, so every device reads only its own block straight from the memory-mapped
+safetensors files; the full model never sits on one device or in one host buffer.
 """
 import dataclasses
 import glob
@@ -21,11 +22,8 @@ import numpy as np
 from flax import traverse_util
 
 from oapl_jax import parallel
-from oapl_jax.models import qwen
-from oapl_jax.models.config import QwenConfig
 from oapl_jax.models.safetensors_io import SafetensorsFile, save_file
 
-_ARCHS = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # The files an HF tokenizer directory may hold (any subset); `save(tokenizer_from=...)` copies those present.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
@@ -35,93 +33,26 @@ class CheckpointError(ValueError):
   """A checkpoint directory that cannot be loaded; the message names the file and tensor."""
 
 
-# ---------------------------------------------------------------- config.json <-> QwenConfig
-def config_from_hf(hf: dict, path: str = "config.json", **overrides) -> QwenConfig:
+def _families():
+  from oapl_jax.models import families  # pylint: disable=import-outside-toplevel  (families import this file)
+  return families
+
+
+# ---------------------------------------------------------------- config.json <-> a family's config
+def config_from_hf(hf: dict, path: str = "config.json", **overrides):
+  """config.json's dict -> the config of the family its model_type names."""
+  families = _families().FAMILIES
   model_type = hf.get("model_type")
-  if model_type not in _ARCHS:
+  if model_type not in families:
     raise CheckpointError(f"{path}: model_type={model_type!r} (architectures={hf.get('architectures')}) "
-                          f"is not a dense Qwen model; supported: {sorted(_ARCHS)}")
-  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-  if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-    raise CheckpointError(f"{path}: rope type {rope.get('rope_type', rope.get('type'))!r} is not supported")
-  if hf.get("use_sliding_window"):
-    raise CheckpointError(f"{path}: use_sliding_window=true is not supported")
-  try:
-    heads = hf["num_attention_heads"]
-    return QwenConfig(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"], num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads", heads),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
-        qk_norm=model_type == "qwen3",
-        max_position_embeddings=hf.get("max_position_embeddings", 32768)).replace(**overrides)
-  except KeyError as e:
-    raise CheckpointError(f"{path}: missing required field {e.args[0]!r}") from None
+                          f"is not a model family we support; supported: {sorted(families)}")
+  return families[model_type].config_from_hf(hf, path, **overrides)
 
 
-def config_to_hf(config: QwenConfig, torch_dtype: str) -> dict:
-  out = {
-      "architectures": [_ARCHS[config.family]], "model_type": config.family,
-      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-      "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
-      "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-      "head_dim": config.head_dim, "rope_theta": config.rope_theta,
-      "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-      "rms_norm_eps": config.rms_norm_eps, "tie_word_embeddings": config.tie_word_embeddings,
-      "max_position_embeddings": config.max_position_embeddings, "hidden_act": "silu",
-      "use_sliding_window": False, "torch_dtype": torch_dtype, "dtype": torch_dtype,
-  }
-  if config.family == "qwen3":
-    out["attention_bias"] = config.qkv_bias
-  return out
-
-
-# ---------------------------------------------------------------- name/layout mapping
-def _param_map(config: QwenConfig):
-  """Our flat param path -> (HF name template, HF->ours transform). '{i}' marks stacked layers."""
-  E, H, K, D = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-  a, m = "model.layers.{i}.self_attn.", "model.layers.{i}.mlp."
-  proj = lambda n: lambda w: w.T.reshape(E, n, D)  # [n*D, E] -> [E, n, D]
-  table = {
-      ("embed", "embedding"): ("model.embed_tokens.weight", None),
-      ("final_norm", "scale"): ("model.norm.weight", None),
-      ("layers", "input_norm", "scale"): ("model.layers.{i}.input_layernorm.weight", None),
-      ("layers", "post_attn_norm", "scale"): ("model.layers.{i}.post_attention_layernorm.weight", None),
-      ("layers", "attn", "q_proj", "kernel"): (a + "q_proj.weight", proj(H)),
-      ("layers", "attn", "k_proj", "kernel"): (a + "k_proj.weight", proj(K)),
-      ("layers", "attn", "v_proj", "kernel"): (a + "v_proj.weight", proj(K)),
-      ("layers", "attn", "o_proj", "kernel"): (a + "o_proj.weight", lambda w: w.T.reshape(H, D, E)),
-      ("layers", "mlp", "gate_proj", "kernel"): (m + "gate_proj.weight", lambda w: w.T),
-      ("layers", "mlp", "up_proj", "kernel"): (m + "up_proj.weight", lambda w: w.T),
-      ("layers", "mlp", "down_proj", "kernel"): (m + "down_proj.weight", lambda w: w.T),
-  }
-  if config.qkv_bias:
-    for name, n in (("q_proj", H), ("k_proj", K), ("v_proj", K)):
-      table[("layers", "attn", name, "bias")] = (a + f"{name}.bias", lambda w, n=n: w.reshape(n, D))
-  if config.qk_norm:
-    table[("layers", "attn", "q_norm", "scale")] = (a + "q_norm.weight", None)
-    table[("layers", "attn", "k_norm", "scale")] = (a + "k_norm.weight", None)
-  if not config.tie_word_embeddings:
-    table[("lm_head", "kernel")] = ("lm_head.weight", lambda w: w.T)
-  return table
-
-
-def _inverse(path, config, ours: np.ndarray) -> np.ndarray:
-  """Our layout -> HF layout for one (per-layer) tensor."""
-  name = path[-2] if path[-1] in ("kernel", "bias") else None
-  if path[-1] == "bias":
-    return ours.reshape(-1)
-  if name in ("q_proj", "k_proj", "v_proj"):
-    return ours.reshape(ours.shape[0], -1).T
-  if name == "o_proj":
-    return ours.reshape(-1, ours.shape[-1]).T
-  if path[-1] == "kernel":
-    return ours.T
-  return ours
+def config_to_hf(config, torch_dtype: str) -> dict:
+  family = _families().of_config(config)
+  return {"architectures": [family.hf_architecture], "model_type": config.model_type,
+          **family.config_to_hf(config, torch_dtype)}
 
 
 # ---------------------------------------------------------------- load
@@ -167,7 +98,8 @@ class _TensorIndex:
     return array
 
 
-def read_config(path: str, **overrides) -> QwenConfig:
+def read_config(path: str, **overrides):
+  """The config of the checkpoint directory at `path` (its family from config.json's model_type)."""
   path = os.path.expanduser(path)
   config_path = os.path.join(path, "config.json")
   if not os.path.isdir(path):
@@ -180,7 +112,7 @@ def read_config(path: str, **overrides) -> QwenConfig:
 
 def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "float32",
          compute_dtype: Optional[str] = None, rules=None, **config_overrides):
-  """Load an HF Qwen2/2.5/3 directory -> (QwenConfig, params sharded over `mesh`).
+  """Load an HF directory of any registered family -> (its config, params sharded over `mesh`).
 
   dtype: parameter dtype; compute_dtype: activation dtype (defaults to dtype).
   mesh=None uses a one-device mesh. rules: logical axis rules (parallel.DEFAULT_RULES).
@@ -189,11 +121,13 @@ def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "floa
   config = read_config(path, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides)
   mesh = mesh or parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   rules = rules or parallel.DEFAULT_RULES
-  abstract = jax.eval_shape(lambda: qwen.init_params(config, jax.random.PRNGKey(0)))
-  shardings = parallel.logical_to_sharding(qwen.param_logical_axes(config), mesh, rules)
+  families = _families()
+  model = families.FAMILIES[config.model_type].causal_lm(config)
+  abstract = jax.eval_shape(lambda: model.init_params(jax.random.PRNGKey(0)))
+  shardings = parallel.logical_to_sharding(model.param_logical_axes(), mesh, rules)
   flat_abstract = traverse_util.flatten_dict(abstract)
   flat_shardings = traverse_util.flatten_dict(shardings)
-  table = _param_map(config)
+  table = families.FAMILIES[config.model_type].param_map(config)
   index = _TensorIndex(path)
   target_dtype = config.jnp_param_dtype
 
@@ -202,10 +136,9 @@ def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "floa
     if key not in table:
       raise CheckpointError(f"internal: no HF name for parameter {'/'.join(key)}")
     shape = boxed.value.shape if hasattr(boxed, "value") else boxed.shape
-    template, transform = table[key]
-    transform = transform or (lambda w: w)
+    template, transform, to_hf = table[key]
     stacked = "{i}" in template
-    hf_shape = _hf_shape(key, config, shape[1:] if stacked else shape)
+    hf_shape = _hf_shape(to_hf, shape[1:] if stacked else shape)
 
     def block(idx, template=template, transform=transform, stacked=stacked, hf_shape=hf_shape):
       if not stacked:
@@ -218,9 +151,9 @@ def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "floa
   return config, traverse_util.unflatten_dict(flat)
 
 
-def _hf_shape(key, config, ours_shape):
-  """The HF tensor shape that maps onto our (per-layer) shape: `_inverse` applied abstractly."""
-  return jax.eval_shape(lambda x: _inverse(key, config, x), jax.ShapeDtypeStruct(ours_shape, np.float32)).shape
+def _hf_shape(to_hf, ours_shape):
+  """The HF tensor shape that maps onto our (per-layer) shape: the ours->HF transform applied abstractly."""
+  return jax.eval_shape(to_hf, jax.ShapeDtypeStruct(ours_shape, np.float32)).shape
 
 
 # ---------------------------------------------------------------- save
@@ -235,7 +168,7 @@ class TokenIds:
     return {"bos_token_id": self.bos, "eos_token_id": self.eos, "pad_token_id": self.pad}
 
 
-def save(path: str, config: QwenConfig, params, max_shard_bytes: int = 4 << 30, *, token_ids: Optional[TokenIds] = None,
+def save(path: str, config, params, max_shard_bytes: int = 4 << 30, *, token_ids: Optional[TokenIds] = None,
          generation: Optional[Mapping[str, Any]] = None, tokenizer_from: Optional[str] = None) -> None:
   """Write params as an HF directory (config.json + safetensors shards + index when sharded).
 
@@ -249,17 +182,17 @@ def save(path: str, config: QwenConfig, params, max_shard_bytes: int = 4 << 30, 
   """
   if tokenizer_from is not None and not tokenizer_files(tokenizer_from):
     raise CheckpointError(f"tokenizer_from={tokenizer_from}: no tokenizer files there (looked for {TOKENIZER_FILES})")
-  table = _param_map(config)
+  table = _families().of_config(config).param_map(config)
   flat = traverse_util.flatten_dict(params)
   tensors = {}
   for key, value in flat.items():
-    template, _ = table[key]
+    template, _, to_hf = table[key]
     host = np.asarray(jax.device_get(value))
     if "{i}" in template:
       for i in range(config.num_layers):
-        tensors[template.format(i=i)] = _inverse(key, config, host[i])
+        tensors[template.format(i=i)] = to_hf(host[i])
     else:
-      tensors[template] = _inverse(key, config, host)
+      tensors[template] = to_hf(host)
   if jax.process_index() != 0:
     return
   os.makedirs(path, exist_ok=True)

@@ -14,7 +14,7 @@ transpose. Autodiff through `jax.checkpoint` does the same matmuls but many more
 (logsumexp's max, exp and sum again, the gather's scatter, the adds): at Qwen's 151,936 words those passes
 were about 15% of a train step's op time on CPU (a profile at Qwen3-0.6B width).
 
-With recompute=False (models/config.Execution.logprob_recompute) the forward keeps, instead of the logits,
+With recompute=False (models/execution.Execution.logprob_recompute) the forward keeps, instead of the logits,
 exp(z - max z) with its sum subtracted at the target: the log-probs' cotangent up to that per-position factor.
 The backward is then the two matmuls alone, the factor applied to their [R, C, E] side: one matmul and every
 pass over [R, C, V] fewer, for [tokens, V] of memory, as torch's autograd keeps the logits. `project` must be

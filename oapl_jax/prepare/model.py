@@ -1,9 +1,10 @@
-"""A Qwen checkpoint by hub id (or local directory) -> a checkpoint directory our loader has read.
+"""A checkpoint of a registered family (Qwen2/2.5/3, Llama 3: models/families.py) by hub id (or local
+directory) -> a checkpoint directory our loader has read.
 
     path = fetch("Qwen/Qwen3-0.6B", "~/models/Qwen3-0.6B", revision=None)
     print(describe(verify(path)))
 
-`fetch` reads config.json first and refuses a non-Qwen architecture before downloading weights; the
+`fetch` reads config.json first and refuses a model_type no family reads before downloading weights; the
 weights go through the hub cache (so HF_HUB_OFFLINE=1 resolves from it) and are copied to `out`.
 `verify` loads the directory with models/factory.build_model, the call every config's run makes.
 """
@@ -59,7 +60,7 @@ def fetch(source: str, out: str | None = None, revision: str | None = None) -> s
   if os.path.isdir(local):
     if revision:
       raise PrepareError(f"--revision {revision} names a hub revision, but {source} is a local directory")
-    hf.read_config(local)  # CheckpointError: no config.json, or not a Qwen architecture
+    hf.read_config(local)  # CheckpointError: no config.json, or a model_type of no registered family
     src = local
   else:
     if source.count("/") != 1 or source.startswith((".", "/", "~")):

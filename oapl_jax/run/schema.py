@@ -4,7 +4,7 @@
     cfg = defaults()           # the ConfigDict every configs/*.py starts from (config_base.base_config)
     record = to_mapping(rc)    # plain JSON-ready dicts; from_config(record) gives rc back
 
-Section owners: model -> models/factory.ModelSpec (architecture source + models/config.Execution),
+Section owners: model -> models/factory.ModelSpec (architecture source + models/execution.Execution),
 task -> tasks/factory (each task's own settings, by name), warmstart -> rl/warmstart, trainer ->
 rl/trainer (its loss's settings: objectives/), sampler -> sampler/settings, loop -> rl/schedule,
 eval -> evaluation, checkpoint -> checkpoints, validation -> tasks/problem_checks, monitors ->

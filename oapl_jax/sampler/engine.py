@@ -45,7 +45,7 @@ class InvalidRequest(ValueError):
 
 
 class SamplerEngine(engine_api.Engine):
-  """A models.api.CausalLM (dense Qwen2/2.5/3 today) behind JetStream's Engine API; one sample per slot."""
+  """A models.api.CausalLM (any family in models/families.py) behind JetStream's Engine API; one sample per slot."""
 
   def __init__(self, model: CausalLM, *, checkpoint: Optional[str] = None, params: Any = None,
                tokenizer: Any = None, layout: Optional[Layout] = None, max_concurrent_decodes: int = 8,
@@ -77,7 +77,8 @@ class SamplerEngine(engine_api.Engine):
 
   @classmethod
   def from_checkpoint(cls, path: str, *, dtype: str = "bfloat16", tokenizer: Any = None, **kwargs) -> "SamplerEngine":
-    """Engine for an HF checkpoint dir; uses its tokenizer files when present (else token ids only)."""
+    """Engine for an HF checkpoint dir of any registered family (models/hf.read_config picks it by config.json's
+    model_type); uses its tokenizer files when present (else token ids only)."""
     from oapl_jax.models import api, hf
     model = api.for_config(hf.read_config(path, param_dtype=dtype, dtype=dtype))
     tokenizer = load_tokenizer(path) if tokenizer is None else tokenizer

@@ -1,6 +1,8 @@
-"""Flax (linen) dense Qwen decoder: Qwen2 / Qwen2.5 / Qwen3 from one QwenConfig.
+"""Flax (linen) dense decoder, shared by the families (Qwen2 / 2.5 / 3, Llama 3): one DecoderConfig subclass
+per family (models/qwen/config.py, models/llama/config.py) says what differs: q/k/v bias, q/k RMSNorm, the
+rotary frequencies (config.rope_inv_freq), tied embeddings.
 
-Training runs `Qwen`: layers stacked with `nn.scan` (parameters carry a leading 'layers' axis),
+Training runs `Decoder`: layers stacked with `nn.scan` (parameters carry a leading 'layers' axis),
 logical axis names on every parameter and main activation. The sampler runs `forward_with_cache`
 on the same weights split per layer (`unstack_layers`, once per snapshot) over per-layer KV
 caches, as a Python loop over layers: inside a scan, slicing one layer out of a stacked cache (or
@@ -22,7 +24,8 @@ from jax.ad_checkpoint import checkpoint_name
 from oapl_jax import parallel
 from oapl_jax.models import projection_grad, vocab_logprobs
 from oapl_jax.models.attention import attend
-from oapl_jax.models.config import QwenConfig
+from oapl_jax.models.decoder_config import DecoderConfig
+from oapl_jax.models.execution import remat_policy
 
 Array = jax.Array
 
@@ -41,7 +44,7 @@ class KVCache(NamedTuple):
 Cache = tuple  # tuple[KVCache, ...], one per layer
 
 
-def init_cache(config: QwenConfig, batch: int, max_len: int, dtype=None) -> Cache:
+def init_cache(config: DecoderConfig, batch: int, max_len: int, dtype=None) -> Cache:
   B, K, D = batch, config.num_kv_heads, config.head_dim
   dtype = dtype or config.jnp_dtype
   return tuple(KVCache(jnp.zeros((B, K, D, max_len), dtype), jnp.zeros((B, K, max_len, D), dtype))
@@ -92,20 +95,19 @@ class Rotary(NamedTuple):
   sin: Array
 
 
-def _rotary_at(config: QwenConfig, positions_f32) -> Rotary:
-  """cos / sin of positions * theta^(-2i / head_dim), shaped positions.shape + [head_dim / 2]."""
-  half = config.head_dim // 2
-  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / (2 * half)))
-  angles = positions_f32[..., None] * inv_freq
+def _rotary_at(config: DecoderConfig, positions_f32) -> Rotary:
+  """cos / sin of positions * config.rope_inv_freq() (theta^(-2i / head_dim), or a family's rescaling of it),
+  shaped positions.shape + [head_dim / 2]."""
+  angles = positions_f32[..., None] * config.rope_inv_freq()
   return Rotary(jnp.cos(angles).astype(config.jnp_dtype), jnp.sin(angles).astype(config.jnp_dtype))
 
 
-def rotary_table(config: QwenConfig, length: int) -> Rotary:
+def rotary_table(config: DecoderConfig, length: int) -> Rotary:
   """cos / sin for positions 0..length-1, [length, head_dim / 2]."""
   return _rotary_at(config, jnp.arange(length, dtype=jnp.float32))
 
 
-def rotary(config: QwenConfig, positions_BxT, table: Optional[Rotary] = None) -> Rotary:
+def rotary(config: DecoderConfig, positions_BxT, table: Optional[Rotary] = None) -> Rotary:
   """The angles at `positions_BxT`, [B, T, 1, head_dim / 2]: computed, or looked up in a
   `rotary_table` (a decode loop builds the table once; XLA:CPU would otherwise re-evaluate the
   trig inside every fused consumer, for each layer, head and q/k)."""
@@ -182,7 +184,7 @@ class Attention(nn.Module):
   at their positions, then attends over the cache (key index <= the query's position), and
   returns the updated cache."""
 
-  config: QwenConfig
+  config: DecoderConfig
 
   @nn.compact
   def __call__(self, x_BxTxE, positions_BxT, rot: Rotary, key_mask_BxS=None, layer_cache: Optional[KVCache] = None):
@@ -225,7 +227,7 @@ class Attention(nn.Module):
     return _dense(c.hidden_size, ("q_heads", "head_dim", "embed"), c, "o_proj", in_axes=(-2, -1))(out_BxTxHxD)
 
 
-def _mlp(c: QwenConfig, x_BxTxE):
+def _mlp(c: DecoderConfig, x_BxTxE):
   """The gated MLP's projections, as submodules of the compact module calling this."""
   gate = _dense(c.intermediate_size, ("embed", "mlp"), c, "gate_proj")(x_BxTxE)
   up = _dense(c.intermediate_size, ("embed", "mlp"), c, "up_proj")(x_BxTxE)
@@ -234,7 +236,7 @@ def _mlp(c: QwenConfig, x_BxTxE):
 
 
 class MLP(nn.Module):
-  config: QwenConfig
+  config: DecoderConfig
 
   @nn.compact
   def __call__(self, x_BxTxE):
@@ -243,14 +245,14 @@ class MLP(nn.Module):
 
 class MLPPiece(nn.Module):
   """The MLP as nn.scan's body over pieces of positions: (carry, x [B, C, E]) -> (carry, [B, C, E])."""
-  config: QwenConfig
+  config: DecoderConfig
 
   @nn.compact
   def __call__(self, carry, x_BxCxE):
     return carry, _mlp(self.config, x_BxCxE)
 
 
-def mlp_over_pieces(c: QwenConfig, x_BxTxE, name: str = "mlp"):
+def mlp_over_pieces(c: DecoderConfig, x_BxTxE, name: str = "mlp"):
   """The MLP over `c.mlp_chunks` pieces of the positions, each rematerialised (call inside a compact method).
   Same parameters (broadcast to every piece) as MLP(c, name=name); padded positions are cut off."""
   B, T, E = x_BxTxE.shape
@@ -269,7 +271,7 @@ def mlp_over_pieces(c: QwenConfig, x_BxTxE, name: str = "mlp"):
 class DecoderLayer(nn.Module):
   """One block: (x, positions, rotary, key mask, [layer cache]) -> (x, updated cache or None)."""
 
-  config: QwenConfig
+  config: DecoderConfig
 
   @nn.compact
   def __call__(self, x_BxTxE, positions_BxT, rot: Rotary, key_mask_BxS=None, layer_cache=None):
@@ -284,23 +286,11 @@ class DecoderLayer(nn.Module):
     return x_BxTxE, layer_cache
 
 
-def remat_policy(name: str):
-  """Execution.remat_policy -> the jax.checkpoint policy of a rematerialised DecoderLayer (None: save nothing)."""
-  if name == "offload_layer_input":
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[], names_which_can_be_offloaded=["layer_input"], offload_src="device",
-        offload_dst="pinned_host")
-  policies = {"full": None, "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
-  if name not in policies:
-    raise ValueError(f"remat_policy={name!r}: known policies are {sorted(policies) + ['offload_layer_input']}")
-  return policies[name]
-
-
-class Qwen(nn.Module):
+class Decoder(nn.Module):
   """The training forward: final-norm hidden states [B, T, E] over scanned layers; `logits`
   projects them. The sampler's cached forward is `forward_with_cache` (same parameters)."""
 
-  config: QwenConfig
+  config: DecoderConfig
 
   def setup(self):
     c = self.config
@@ -346,7 +336,7 @@ def is_per_layer(params) -> bool:
   return isinstance(params, dict) and isinstance(params.get("layers"), tuple)
 
 
-def unstacked_logical_axes(config: QwenConfig):
+def unstacked_logical_axes(config: DecoderConfig):
   """param_logical_axes in the unstack_layers layout (the leading 'layers' name dropped)."""
   axes = param_logical_axes(config)
   one_layer = jax.tree.map(lambda spec: jax.sharding.PartitionSpec(*spec[1:]), axes["layers"],
@@ -354,7 +344,7 @@ def unstacked_logical_axes(config: QwenConfig):
   return {**axes, "layers": (one_layer,) * config.num_layers}
 
 
-def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, cache: Cache,
+def forward_with_cache(params, config: DecoderConfig, tokens_BxT, positions_BxT, cache: Cache,
                        rope_table: Optional[Rotary] = None):
   """Prefill or decode: (final-norm hidden [B, T, E], updated cache). `params` in the
   unstack_layers layout; layers run as a Python loop over the per-layer caches. Each token's
@@ -363,24 +353,24 @@ def forward_with_cache(params, config: QwenConfig, tokens_BxT, positions_BxT, ca
   if len(cache) != config.num_layers or len(params["layers"]) != config.num_layers:
     raise ValueError(f"cache has {len(cache)} layers and params {len(params['layers'])}; "
                      f"the model has {config.num_layers}")
-  model, layer = Qwen(config), DecoderLayer(config)
-  x = model.apply({"params": params}, tokens_BxT, method=Qwen.embed_tokens)
+  model, layer = Decoder(config), DecoderLayer(config)
+  x = model.apply({"params": params}, tokens_BxT, method=Decoder.embed_tokens)
   rot = rotary(config, positions_BxT, rope_table)
   new_cache = []
   for layer_params, layer_cache in zip(params["layers"], cache):
     x, layer_cache = layer.apply({"params": layer_params}, x, positions_BxT, rot, None, layer_cache)
     new_cache.append(layer_cache)
-  return model.apply({"params": params}, x, method=Qwen.finish), tuple(new_cache)
+  return model.apply({"params": params}, x, method=Decoder.finish), tuple(new_cache)
 
 
-def logits(params, config: QwenConfig, tokens_BxT, positions_BxT=None, key_mask_BxS=None):
+def logits(params, config: DecoderConfig, tokens_BxT, positions_BxT=None, key_mask_BxS=None):
   """Full [B, T, V] logits in float32 (for parity tests and small batches)."""
-  model = Qwen(config)
+  model = Decoder(config)
   hidden = model.apply({"params": params}, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
-  return model.apply({"params": params}, hidden, method=Qwen.logits).astype(jnp.float32)
+  return model.apply({"params": params}, hidden, method=Decoder.logits).astype(jnp.float32)
 
 
-def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, positions_BxT=None, *,
+def token_logprobs(params, config: DecoderConfig, tokens_BxT, targets_BxT, positions_BxT=None, *,
                    key_mask_BxS=None, temperature: float = 1.0, with_entropy: bool = False, lora=None,
                    needed_BxT=None):
   """log softmax(logits / temperature)[target] per position, float32 [B, T].
@@ -393,7 +383,7 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
   `with_entropy`, also returns the per-position entropy. `lora`: adapters applied inside the layers (see
   Projection), B pre-scaled; None for the plain model.
   """
-  model = Qwen(config)
+  model = Decoder(config)
   variables = {"params": params} if lora is None else {"params": params, "lora": lora}
   hidden_BxTxE = model.apply(variables, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
   # Only the weights the projection reads go through the chunks' custom VJP (their gradient is summed over chunks).
@@ -404,20 +394,20 @@ def token_logprobs(params, config: QwenConfig, tokens_BxT, targets_BxT, position
       recompute=config.logprob_recompute, tail_levels=config.logprob_tail_levels)
 
 
-def _project_vocab(config: QwenConfig, vocab_params, hidden_BxTxE):
+def _project_vocab(config: DecoderConfig, vocab_params, hidden_BxTxE):
   """Logits from the final hidden states, given only the vocabulary projection's weights."""
-  return Qwen(config).apply({"params": vocab_params}, hidden_BxTxE, method=Qwen.logits)
+  return Decoder(config).apply({"params": vocab_params}, hidden_BxTxE, method=Decoder.logits)
 
 
-def init_params(config: QwenConfig, rng) -> Any:
+def init_params(config: DecoderConfig, rng) -> Any:
   """Boxed (nn.Partitioned) params; use parallel.init_sharded to get them born sharded."""
   def forward_and_project(module, tokens_BxT):
     return module.logits(module(tokens_BxT))
   tokens = jnp.zeros((1, 1), jnp.int32)
-  return Qwen(config).init(rng, tokens, method=forward_and_project)["params"]
+  return Decoder(config).init(rng, tokens, method=forward_and_project)["params"]
 
 
-def param_logical_axes(config: QwenConfig):
+def param_logical_axes(config: DecoderConfig):
   """Pytree of logical-axis PartitionSpecs matching the params tree."""
   abstract = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
   return nn.get_partition_spec(abstract)
