@@ -17,79 +17,28 @@ run's adapters are merged into its frozen base (RUN/lora_base), so what is writt
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 from typing import Any, Optional, Sequence
 
-import flax.linen as nn
 import jax
-import numpy as np
-import orbax.checkpoint as ocp
-from etils import epath
 
-from oapl_jax import checkpoints, run_dir
-from oapl_jax.run import schema
-from oapl_jax.models import api, factory, hf, lora
+from oapl_jax.models import api, factory, hf
+from oapl_jax.run import policy
+from oapl_jax.run.schema import RunConfig
 from oapl_jax.tasks import arithmetic, chain_task, char_tokenizer, code_task, records_task
 from oapl_jax.tasks.factory import build_task
 from oapl_jax.tasks.templates import ChatTokenizer
 
 
-@dataclasses.dataclass
-class RunWeights:
-  """The trained params of one checkpoint of a run (host numpy, training layout) and what made them."""
-  cfg: Any  # the run's config (run/schema.RunConfig)
-  model: api.CausalLM
-  params: Any
-  step: int
-  meta: checkpoints.Meta
-
-
-def model_of(cfg) -> api.CausalLM:
+def model_of(cfg: RunConfig) -> api.CausalLM:
   """The run's model (architecture and execution) without weights."""
   return factory.model_of(cfg.model)
 
 
-def resolve_step(checkpoint_dir: str, step: Optional[int]) -> int:
-  steps = sorted(checkpoints.step_dirs(epath.Path(checkpoint_dir))[0])
-  if not steps:
-    raise FileNotFoundError(f"{checkpoint_dir} holds no finished checkpoint (is it a run directory's checkpoints/?)")
-  if step is None:
-    return steps[-1]
-  if step not in steps:
-    raise ValueError(f"{checkpoint_dir} has no checkpoint at step {step}; it has steps {steps}")
-  return step
-
-
-def read_params(run: str, step: Optional[int] = None, cfg=None) -> RunWeights:
-  """Params of checkpoint `step` (default: the newest) of run directory `run`, checked against the
-  run's model (names, shapes, dtypes) before any array is read."""
-  run = str(checkpoints.absolute(run))
-  cfg = schema.from_config(cfg if cfg is not None else run_dir.load_config(run))
-  model = model_of(cfg)
-  directory = os.path.join(run, "checkpoints")
-  step = resolve_step(directory, step)
-  step_dir = epath.Path(directory) / str(step)
-  meta, saved = checkpoints.check_files(step_dir, step)
-  abstract = nn.unbox(jax.eval_shape(lambda: model.init_params(jax.random.PRNGKey(0))))
-  settings = cfg.trainer.lora
-  trained = abstract  # what the step checkpoint holds: the params, or a LoRA run's adapters
-  if settings.enabled:
-    trained = jax.eval_shape(lambda: lora.init_adapters(settings, model, abstract, jax.random.PRNGKey(0)))
-  saved_params = {k: v for k, v in saved.items() if k.startswith("params.")}
-  checkpoints.check_tree(saved_params, {"params": trained}, step)
-  cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-  on_cpu = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), tree)  # noqa: E731
-  target = {"params": on_cpu(trained)}
-  restore_args = jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=cpu), target)
-  with ocp.PyTreeCheckpointer() as reader:  # only the params subtree: no optimizer state in memory
-    params = reader.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
-        item=target, restore_args=restore_args, partial_restore=True))["params"]
-  if settings.enabled:  # merged into the plain model's params: export, eval and serve see no adapters
-    params = jax.jit(functools.partial(lora.merge, settings, model))(
-        checkpoints.restore_base(run, on_cpu(abstract)), params)
-  return RunWeights(cfg, model, jax.tree.map(np.asarray, params), step, meta)
+def read_params(run: str, step: Optional[int] = None, cfg: Optional[RunConfig] = None) -> policy.Policy:
+  """Checkpoint `step` (default: the newest) of run directory `run` as a plain model's params (run/policy.py)."""
+  return policy.from_run(run, step, cfg)
 
 
 def _task_field(cfg, name: str) -> Any:
@@ -156,11 +105,12 @@ def generation_fields(cfg, token_ids: hf.TokenIds, source: Optional[str]) -> dic
   return {k: v for k, v in fields.items() if v is not None}
 
 
-def export(run: str, out_dir: str, step: Optional[int] = None, cfg=None, weights_only: bool = False) -> dict:
+def export(run: str, out_dir: str, step: Optional[int] = None, cfg: Optional[RunConfig] = None,
+           weights_only: bool = False) -> dict:
   """Writes the HF directory; returns export_info (also written to OUT_DIR/export_info.json). A tokenizer that is
   neither an HF one nor a CharTokenizer is refused (TokenizerNotExportable) unless `weights_only`."""
-  weights = read_params(run, step, cfg)
-  cfg = weights.cfg
+  weights = policy.from_run(run, step, cfg)
+  cfg = weights.config
   tokenizer = run_tokenizer(cfg)
   source = tokenizer_source(tokenizer)
   is_chars = isinstance(tokenizer, char_tokenizer.CharTokenizer)

@@ -17,7 +17,6 @@ The server binds --host (127.0.0.1 by default; 0.0.0.0 or :: to listen on every 
 import argparse
 import asyncio
 import logging
-import os
 import threading
 from typing import Optional
 
@@ -25,6 +24,7 @@ import grpc
 import jax
 
 from oapl_jax import checkpoints, export, parallel
+from oapl_jax.run import policy
 from oapl_jax.sampler import jetstream_compat  # noqa: F401  (must precede jetstream.core)
 from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine, load_tokenizer
 from oapl_jax.sampler.settings import SamplingSettings
@@ -40,18 +40,14 @@ logging.getLogger().setLevel(_root_level)
 
 
 # ------------------------------------------------------------------------------ the engine
-def is_run_dir(path: str) -> bool:
-  return os.path.isdir(os.path.join(path, "checkpoints"))
-
-
 def _run_engine(run: str, args: argparse.Namespace, cfg, settings: SamplingSettings,
                 **engine_kwargs) -> SamplerEngine:
   """An engine over checkpoint --step (default: the newest) of a run directory, with the run's config
   (`cfg`; None: the one it recorded). Text is encoded as the run's prompts were (HF tokenizer files, or the
   character tokenizer's HF form, <bos> first); a run whose tokenizer has neither takes token ids, and a sample
   stops at the run's EOS (unless --stop_tokens says otherwise)."""
-  weights = export.read_params(run, args.step, cfg)  # params only, no optimizer state
-  cfg = weights.cfg  # typed (run/schema.RunConfig)
+  weights = policy.policy(run, config=cfg, step=args.step)  # params only, no optimizer state
+  cfg = weights.config
   run_tokenizer = export.run_tokenizer(cfg)
   source = export.tokenizer_source(run_tokenizer)
   if source:
@@ -77,7 +73,7 @@ def build_engine(args: argparse.Namespace, cfg=None) -> SamplerEngine:
   common = dict(layout=layout, max_concurrent_decodes=args.slots, max_prefill_length=args.max_prefill_length,
                 seed=args.seed)
   path = str(checkpoints.absolute(args.checkpoint))  # as the user typed it: relative, or with ~
-  if is_run_dir(path):
+  if policy.is_run_dir(path):
     return _run_engine(path, args, cfg, settings, **common)
   if cfg is not None or args.step is not None:
     raise ValueError(f"--config and --step are for run directories; {path} has no checkpoints/ directory")

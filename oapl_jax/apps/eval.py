@@ -22,8 +22,8 @@ from oapl_jax.apps import cli
 
 cli.prepare_host()
 
-from oapl_jax import checkpoints, evaluation, export, run_dir  # noqa: E402
-from oapl_jax.run import assemble, schema  # noqa: E402
+from oapl_jax import checkpoints, evaluation, run_dir  # noqa: E402
+from oapl_jax.run import assemble, policy, schema  # noqa: E402
 
 
 def _source_kind(path: str) -> str:
@@ -47,36 +47,28 @@ def _parse_sets(pairs: Sequence[str]) -> dict[str, str]:
   return sets
 
 
-def load_config(source: str, kind: str, cfg):
-  """`cfg` (the --config ConfigDict), else the run's recorded one; an HF source is its model checkpoint (a config
-  whose model was a preset, as an export's run, keeps none of the preset's overrides: config.json says it all)."""
-  if cfg is not None:
-    pass
-  elif kind == "run":
-    cfg = run_dir.load_config(source)
-  else:
-    raise ValueError(f"{source} is a Hugging Face directory: give the task and eval settings with --config FILE:ARG")
-  if kind == "hf":
-    if not cfg.model.checkpoint:
-      cfg.model.overrides = {}
-    cfg.model.checkpoint = os.path.abspath(source)
-  return cfg
+def with_sets(rc: schema.RunConfig, sets: dict[str, str]) -> schema.RunConfig:
+  """`rc` with its task's eval sets replaced by NAME=PATH pairs (task.eval_paths)."""
+  values = schema.to_mapping(rc)
+  if "eval_paths" not in values["task"]:
+    raise ValueError(f"--sets: task {values['task'].get('name')!r} takes no eval_paths (its eval sets are built in); "
+                     f"drop --sets to use them")
+  values["task"]["eval_paths"] = dict(sets)
+  return schema.from_config(values)
 
 
 def evaluate_source(source: str, *, cfg=None, step: int | None = None,
                     sets: dict[str, str] | None = None, samples: int | None = None, ks: Sequence[int] | None = None,
                     num_prompts: int | None = None, seed: int | None = None, **sampling) -> dict:
   """pass@k (and the other evaluation.evaluate metrics) on every eval set; returns the report dict.
+  cfg: the --config (a ConfigDict or RunConfig; a run directory's own when None; an HF directory needs it).
   `sampling`: overrides of the eval SamplingSettings (temperature, top_p, top_k, max_new_tokens)."""
   source = str(checkpoints.absolute(source))
   kind = _source_kind(source)
-  cfg = load_config(source, kind, cfg)
-  if sets:
-    if "eval_paths" not in cfg.task:
-      raise ValueError(f"--sets: task {cfg.task.name!r} takes no eval_paths (its eval sets are built in); "
-                       f"drop --sets to use them")
-    cfg.task.eval_paths = dict(sets)
-  rc = schema.from_config(cfg)
+  if sets and (cfg is not None or kind == "run"):  # checked before any checkpoint is read
+    cfg = with_sets(run_dir.load_config(source) if cfg is None else schema.from_config(cfg), sets)
+  weights = policy.policy(source, config=cfg, step=step)  # the run's params, or the HF directory's model
+  rc = weights.config
   samples = samples or rc.eval.samples
   ks = tuple(k for k in (ks or rc.eval.ks) if k <= samples)  # those that `samples` allows
   rc = dataclasses.replace(rc, eval=dataclasses.replace(rc.eval, samples=samples, ks=ks,
@@ -87,18 +79,14 @@ def evaluate_source(source: str, *, cfg=None, step: int | None = None,
     settings = settings.replace(**{k: v for k, v in sampling.items() if v is not None})
     seed = assemble.eval_seed(rc) if seed is None else seed  # the loop's eval seed by default
     layouts = assemble.placement(rc)
-    model = export.model_of(rc)
     longest = max(len(p.prompt_tokens) for problems in task.eval_sets.values() for p in problems[:rc.eval.num_prompts])
-    sampler = assemble.build_sampler(rc, model, layouts.sampler, max_prefill_length=max(
+    sampler = assemble.build_sampler(rc, weights.model, layouts.sampler, max_prefill_length=max(
         rc.sampler.max_prefill_length, longest), max_new_tokens=settings.max_new_tokens)
     report = {"source": os.path.abspath(source), "kind": kind, "task": task.name, "samples": rc.eval.samples,
               "ks": list(rc.eval.ks), "seed": seed, "settings": {k: v for k, v in vars(settings).items()}}
+    weights.load_into(sampler)
     if kind == "run":
-      weights = export.read_params(source, step, rc)
-      sampler.refresh(weights.params)
       report.update(step=weights.step, syncs_done=weights.meta.syncs_done)
-    else:
-      sampler.load(source)
     report["sets"] = {}
     for name, problems in task.eval_sets.items():
       start = time.perf_counter()

@@ -86,18 +86,17 @@ def build(config_spec: str, workdir: str, extra: Sequence[str]) -> None:
   """The config's warm start, saved as an HF directory to WORKDIR/warmstart."""
   cli.prepare_host()
   from oapl_jax.models import hf  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run import assemble, check, schema  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import assemble, check, policy, schema  # pylint: disable=import-outside-toplevel
   rc = schema.from_config(files.load(config_spec, list(extra)))
   check.check(rc)
   task = assemble.build_task(rc)
-  layouts = assemble.placement(rc)
-  model, params = assemble.build_model(rc, layouts.trainer)
-  seq = assemble.seq_len(rc, assemble.longest_prompt(task))
-  params = assemble.warm_start(rc, task, model, params, layouts.trainer, seq, lambda step, metrics: None)
-  tok = task.tokenizer
-  hf.save(directory(workdir), model.config, params, token_ids=hf.TokenIds(eos=tok.eos_id, pad=tok.pad_id,
-                                                                          bos=tok.bos_id))
-  task.close()
+  try:
+    warm = policy.warm_started(rc, task)
+    tok = task.tokenizer
+    hf.save(directory(workdir), warm.model.config, warm.params, token_ids=hf.TokenIds(eos=tok.eos_id, pad=tok.pad_id,
+                                                                                      bos=tok.bos_id))
+  finally:
+    task.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
