@@ -189,12 +189,13 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
       hook.before_step(step, s, run.state)
     if probing:
       last_fetch = time.perf_counter()
-    batch, extra = _draw(run, worker, step, s)
+    batch, extra, reuse_mean = _draw(run, worker, step, s)
     run.state, metrics = run.train_step(run.state, batch, jax.random.fold_in(base_key, step))
     if pending is not None:
       ended, stopping = _or(_finish_step(run, *pending, last_fetch), ended, stopping)
       last_fetch = time.perf_counter()
-    pending = (step, metrics, extra, stop.vote())
+    pending = (step, metrics, {**extra, "buffer/groups": run.buffer.num_groups(), "buffer/reuse_mean": reuse_mean},
+               stop.vote())  # the buffer's size as the step runs (how far the sampler is ahead)
     _log_worker_stats(run, worker, at.restored_step)
     run.reporter.tick(step + 1, at.step0 + length)
     if ended or stopping:  # the step before this one ended the window (the policy's refresh now), or a stop
@@ -203,8 +204,9 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
   return s + 1, ended, ended_last, stopping or stop_last
 
 
-def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, dict]:
-  """Step s of the window's batch (this host's rows) from the chunks it may see, and its buffer scalars."""
+def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, dict, float]:
+  """Step s of the window's batch (this host's rows) from the chunks it may see, its lag and wait, and how often
+  its groups had been drawn."""
   wait_start = time.perf_counter()
   batch = run.buffer.sample(run.settings.batch_prompts, run.schedule.chunks_visible(s),
                             np.random.default_rng([run.settings.seed, step]), rows=run.batch_rows)
@@ -217,8 +219,7 @@ def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, 
   if (versions != run.sampler.snapshot_version).any():
     raise AssertionError(f"buffer served versions {set(versions)} at snapshot {run.sampler.snapshot_version}")
   batch = parallel.from_process_rows(batch, run.batch_sharding, run.settings.batch_prompts)  # this host's rows
-  return batch, {"train/policy_lag": s, "train/wait_seconds": waited, "buffer/groups": run.buffer.num_groups(),
-                 "buffer/reuse_mean": reuse.mean()}
+  return batch, {"train/policy_lag": s, "train/wait_seconds": waited}, reuse.mean()
 
 
 def _end_window(run: Online, worker: RolloutWorker, at: _Position, length: int, done: int, ended: bool,
