@@ -177,6 +177,16 @@ def test_study_of_a_named_task_or_any_config():
   assert study.steps // study.long_lag >= 3  # claim 3: several windows at the long lag
 
 
+def test_the_warm_start_is_keyed_by_what_it_is_made_from():
+  study = plan.make_study(config="configs/own_task.py")
+  key = plan.warm_key(study)
+  assert len(key) == 12 and key == plan.warm_key(plan.make_study(config="configs/own_task.py"))
+  assert plan.warm_key(dataclasses.replace(study, shared=(("trainer.optim.lr", 3e-4),))) == key  # not read by it
+  assert plan.warm_key(dataclasses.replace(study, shared=(("warmstart.steps", 5),))) != key
+  assert plan.warm_key(dataclasses.replace(study, shared=(("seed", 1),))) != key
+  assert plan.warm_key(plan.make_study(config="configs/own_task.py", smoke=True)) != key
+
+
 def test_priority_order_is_round_robin_by_seed():
   study = _study()
   chosen = {"oapl": (1e-4, 0.25), "grpo": (1e-4, 0.2), "grpo_onpolicy": (3e-5, 0.2)}
