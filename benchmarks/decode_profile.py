@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.profiler import ProfileData
 
-from benchmarks import sampler_bench, train_bench
+from benchmarks import random_models
 from oapl_jax.models import api, hf
 from oapl_jax.sampler import core
 from oapl_jax.sampler.settings import SamplingSettings
@@ -60,7 +60,7 @@ def thread_times(profile: ProfileData, instructions) -> collections.Counter:
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--width", choices=sorted(train_bench.WIDTHS), default="tiny")
+  ap.add_argument("--width", choices=sorted(random_models.WIDTHS), default="tiny")
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--batch", type=int, default=64)
   ap.add_argument("--prompt_length", type=int, default=8)
@@ -70,7 +70,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   with tempfile.TemporaryDirectory() as tmp:
-    sampler_bench.make_checkpoint(tmp, hf_config=train_bench.hf_config(args.width, args.layers))
+    random_models.make_checkpoint(tmp, hf_config=random_models.hf_config(args.width, args.layers))
     config, params = hf.load(tmp)
   S = args.batch
   sampler = core.Sampler(api.for_config(config), num_slots=S, max_prefill_length=max(16, args.prompt_length),

@@ -86,17 +86,17 @@ def floor_seconds(shapes: collections.Counter, repeats: int = 2) -> float:
 
 
 def main(argv=None):
-  from benchmarks import sampler_bench, train_bench  # local: those benchmarks import this module
+  from benchmarks import random_models  # local: importing this module needs no torch
   from oapl_jax.models import hf
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--width", choices=sorted(train_bench.WIDTHS), default="tiny")
+  ap.add_argument("--width", choices=sorted(random_models.WIDTHS), default="tiny")
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--decode_rows", type=int, default=64)
   ap.add_argument("--train_tokens", type=int, default=2048)
   ap.add_argument("--vocab_tokens", type=int, default=None, help="scored positions (default: all)")
   args = ap.parse_args(argv)
   with tempfile.TemporaryDirectory() as tmp:
-    sampler_bench.make_checkpoint(tmp, hf_config=train_bench.hf_config(args.width, args.layers))
+    random_models.make_checkpoint(tmp, hf_config=random_models.hf_config(args.width, args.layers))
     config, _ = hf.load(tmp)
   for name, shapes in (("decode step", decode_shapes(config, args.decode_rows)),
                        ("train step", train_shapes(config, args.train_tokens,

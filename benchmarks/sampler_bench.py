@@ -26,30 +26,14 @@ import time
 import jax
 import numpy as np
 import torch
-import transformers
 
-from benchmarks import ceiling, matmul_floor, train_bench
+from benchmarks import ceiling, matmul_floor, random_models
 from oapl_jax import compile_check
 from oapl_jax.models import api, hf
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, rope_theta=10000.0)
-
-
-def make_checkpoint(path: str, seed: int = 0, hf_config=None, device: str = "cpu",
-                    dtype=torch.float32) -> transformers.PreTrainedModel:
-  """A random checkpoint (the tiny default, or `hf_config`), its weights spread so sampling is not uniform.
-  The model is built on `device` in `dtype` and saved in that dtype."""
-  torch.manual_seed(seed)
-  with torch.device(device):
-    model = transformers.Qwen3ForCausalLM(hf_config or transformers.Qwen3Config(**TINY)).to(dtype)
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(0.05 * torch.randn_like(p))
-  model.save_pretrained(path)
-  return model.eval()
+TINY, make_checkpoint = random_models.TINY, random_models.make_checkpoint  # benchmarks/random_models.py
 
 
 def ours_runner(sampler, prompts, new_tokens, steps_per_sync):
@@ -107,14 +91,14 @@ def main(argv=None):
   ap.add_argument("--prompt_length", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=7)
   ap.add_argument("--steps_per_sync", type=int, default=16)
-  ap.add_argument("--width", choices=["tiny", *sorted(set(train_bench.WIDTHS) - {"tiny"})], default="tiny")
+  ap.add_argument("--width", choices=["tiny", *sorted(set(random_models.WIDTHS) - {"tiny"})], default="tiny")
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--floor", action="store_true",
                   help="after each pair, time our run's matmul floor (benchmarks/matmul_floor.py): their time over "
                        "it bounds the ratio reachable here")
   args = ap.parse_args(argv)
 
-  hf_cfg = None if args.width == "tiny" else train_bench.hf_config(args.width, args.layers)
+  hf_cfg = None if args.width == "tiny" else random_models.hf_config(args.width, args.layers)
   with tempfile.TemporaryDirectory() as tmp:
     torch_model = make_checkpoint(tmp, hf_config=hf_cfg)
     config, params = hf.load(tmp)

@@ -41,23 +41,14 @@ import numpy as np
 import torch
 import transformers
 
-from oapl_jax import host_memory, objectives, parallel
+from benchmarks import matmul_floor, random_models
+from oapl_jax import batch_spec, host_memory, objectives, parallel
 from oapl_jax.models import api, hf
 from oapl_jax.rl import trainer
 from oapl_jax.rl.optim import OptimConfig
 
 BETA1, BETA2, LR, MAX_GRAD_NORM = 1.0, 1e-3, 1e-5, 1.0
-# --width: the tiny default, or a published width (vocab 151,936) cut to --layers layers.
-WIDTHS = {
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, tie_word_embeddings=False),
-    "qwen3_0p6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-}
-
-
-def hf_config(width: str, layers: int):
-  return transformers.Qwen3Config(num_hidden_layers=layers, rope_theta=10000.0, **WIDTHS[width])
+WIDTHS, hf_config = random_models.WIDTHS, random_models.hf_config  # --width's choices (benchmarks/random_models.py)
 
 
 def make_batch(B, G, T, vocab, seed=0, prompt_len=16, min_response=None):
@@ -115,7 +106,7 @@ def jax_steps_fn(checkpoint: str, batch, temperature, keep_logits=False, compute
   model, layout = api.for_config(model_config), parallel.Layout(mesh)
   state = trainer.create_train_state(config, model, params, layout)
   train_step = trainer.make_train_step(config, model, layout)
-  batch_dev = jax.device_put(batch, trainer.batch_sharding(layout))
+  batch_dev = batch_spec.put(batch, batch_spec.train_batch(*batch["tokens"].shape, layout))
   rng = jax.random.PRNGKey(0)
 
   def steps(n):
@@ -213,7 +204,6 @@ def main():
                                " intra_op_parallelism_threads=1").strip()
     torch.set_num_threads(1)
 
-  from benchmarks import matmul_floor  # local, as below
   hf_cfg = hf_config(args.width, args.layers)
   torch.manual_seed(0)
   batch = make_batch(args.batch, args.group, args.seq_len, hf_cfg.vocab_size)

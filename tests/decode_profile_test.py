@@ -32,7 +32,7 @@ def test_thunks_count_on_every_thread_by_self_time():
 
 
 def test_the_projection_leads_the_profile_of_a_wide_vocabulary(capsys, monkeypatch):
-  monkeypatch.setitem(decode_profile.train_bench.WIDTHS, "wide_vocab", dict(
+  monkeypatch.setitem(decode_profile.random_models.WIDTHS, "wide_vocab", dict(
       vocab_size=65536, hidden_size=512, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
       head_dim=16, tie_word_embeddings=True))
   decode_profile.main(["--width", "wide_vocab", "--layers", "1", "--batch", "16", "--cache_len", "24",

@@ -19,13 +19,15 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from oapl_jax import tpu_host
+
 
 def skip_absent_tpu() -> None:
   """libtpu is installed with the test extras (for the compile check), and JAX then tries, loudly, to
   start a TPU on any host. Where no TPU device node exists and JAX_PLATFORMS is unset, ask for the
   GPU (if its plugin is installed and an NVIDIA device node exists: else cuInit fails, loudly) and the CPU
   only. Call before JAX starts."""
-  if "JAX_PLATFORMS" in os.environ or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+  if "JAX_PLATFORMS" in os.environ or tpu_host.has_tpu_device_files():
     return
   has_plugin = any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
   has_gpu = bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/dev/dxg"))  # dxg: WSL2's GPU

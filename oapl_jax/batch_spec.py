@@ -1,0 +1,42 @@
+"""The trainer's batch: its fields, their shapes and dtypes, and how it lies over the trainer's devices.
+
+    spec = batch_spec.train_batch(B, G, T, layout)          # {name: ShapeDtypeStruct with its sharding}
+    batch_dev = batch_spec.put(batch_of_numpy_arrays, spec)  # those dtypes, that placement
+
+One definition for everything that builds a batch without the loop's buffer: the compile check's abstract inputs
+and the train benchmarks' random batches (rl/trainer.py's docstring says what each field holds; the sharding is
+trainer.batch_sharding, the same prefix the jitted step declares).
+"""
+from typing import Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from oapl_jax.parallel import Layout
+from oapl_jax.rl import trainer
+
+# name -> (dtype, per-sequence: [B, G, T] if True else [B, G])
+FIELDS = {"tokens": (jnp.int32, True), "targets": (jnp.int32, True), "positions": (jnp.int32, True),
+          "response_mask": (jnp.float32, True), "sampler_token_logp": (jnp.float32, True),
+          "rewards": (jnp.float32, False)}
+
+
+def train_batch(batch_prompts: int, group_size: int, seq_len: int, layout: Optional[Layout] = None,
+                num_prompts: Optional[int] = None) -> dict:
+  """{name: ShapeDtypeStruct} of one [B, G, T] train batch; with `layout`, each sharded as the step expects it
+  (trainer.batch_sharding(layout, num_prompts); num_prompts None: assume the batch axes divide B)."""
+  sharding = None if layout is None else trainer.batch_sharding(layout, num_prompts)
+  shape = (batch_prompts, group_size, seq_len)
+  return {name: jax.ShapeDtypeStruct(shape if per_position else shape[:2], dtype, sharding=sharding)
+          for name, (dtype, per_position) in FIELDS.items()}
+
+
+def put(batch: Mapping, spec: Mapping) -> dict:
+  """`batch` (numpy or JAX arrays, the spec's fields) on the devices, in the spec's dtypes and shardings."""
+  if set(batch) != set(spec):
+    raise ValueError(f"batch fields {sorted(batch)} are not the trainer's {sorted(spec)}")
+  for name, s in spec.items():
+    if tuple(batch[name].shape) != tuple(s.shape):
+      raise ValueError(f"batch[{name!r}] has shape {tuple(batch[name].shape)}, the spec {tuple(s.shape)}")
+  return {name: jax.device_put(np.asarray(batch[name], s.dtype), s.sharding) for name, s in spec.items()}
