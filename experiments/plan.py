@@ -200,10 +200,13 @@ def overrides(study: Study, cell: Cell, warm_dir: str) -> dict:
 
 def warm_key(study: Study) -> str:
   """What the warm start is made from (the config's warmstart/model/task sections and seed, with the shared
-  overrides), hashed: a study reuses a warm start only when these are equal."""
+  overrides, and the devices it is computed on: the same seed on 1 and on 8 CPU devices gives other params,
+  every tensor differing after 30 steps), hashed: a study reuses a warm start only when these are equal."""
+  import jax  # pylint: disable=import-outside-toplevel
   from oapl_jax.apps import sweep_warmstart  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
   made_from = sweep_warmstart.fields(files.load(study.config, dict(study.shared)))
+  made_from["devices"] = f"{jax.default_backend()} x {jax.device_count()}, jax {jax.__version__}"
   return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -187,6 +187,14 @@ def test_the_warm_start_is_keyed_by_what_it_is_made_from():
   assert plan.warm_key(plan.make_study(config="configs/own_task.py", smoke=True)) != key
 
 
+def test_the_warm_start_key_names_the_devices(monkeypatch):
+  import jax
+  study = plan.make_study(config="configs/own_task.py")
+  key = plan.warm_key(study)
+  monkeypatch.setattr(jax, "device_count", lambda: jax.local_device_count() + 1)
+  assert plan.warm_key(study) != key  # another device count computes other params from the same seed
+
+
 def test_priority_order_is_round_robin_by_seed():
   study = _study()
   chosen = {"oapl": (1e-4, 0.25), "grpo": (1e-4, 0.2), "grpo_onpolicy": (3e-5, 0.2)}
