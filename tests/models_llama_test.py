@@ -164,15 +164,22 @@ def test_presets_have_the_published_sizes():
 @pytest.mark.slow
 def test_oapl_run_on_a_llama_preset_and_checkpoint(tmp_path, monkeypatch, capsys):
   """The training entry point, once with --config.model.preset=llama_tiny and once with a Llama HF checkpoint:
-  every model the run builds is a Llama."""
+  every model the run builds is a Llama. Learning is printed, not asserted: at this schedule the Qwen3 preset
+  goes 0.10 -> 0.75 held-out pass@1, but without its q/k norm (qk_norm=False) 0.11 -> 0.11, and llama_tiny (no
+  q/k norm either) 0.21 -> 0.30 (one run each, 2-core CPU)."""
   from oapl_jax.apps import train as train_app  # pylint: disable=import-outside-toplevel
   built = []
   original = decoder_lm.DecoderLM.__init__
   monkeypatch.setattr(decoder_lm.DecoderLM, "__init__", lambda self, config: (built.append(type(config)),
                                                                               original(self, config))[1])
-  shrink = ["--config.warmstart.steps=300", "--config.warmstart.batch_size=64", "--config.loop.num_syncs=4",
-            "--config.loop.sync_every=5", "--config.eval.num_prompts=64", "--config.task.num_train=1024",
-            "--config.task.num_held_out=64", "--config.sampler.num_slots=64"]
+  # tests/loop_test.py's tiny_config as flags: the width and schedule under which the Qwen preset learns.
+  shrink = [f"--config.{k}={v}" for k, v in dict(
+      **{"model.overrides.hidden_size": 64, "model.overrides.intermediate_size": 256, "model.overrides.head_dim": 16},
+      **{"task.num_train": 2048, "task.num_held_out": 64, "warmstart.steps": 1000, "warmstart.batch_size": 64},
+      **{"sampler.num_slots": 64, "sampler.max_new_tokens": 4, "eval.num_prompts": 64, "eval.samples": 8},
+      **{"eval.max_new_tokens": 4, "loop.sync_every": 5, "loop.num_syncs": 6, "loop.batch_prompts": 8},
+      **{"loop.prompts_per_rollout": 16, "loop.group_size": 8, "loop.steps_per_rollout": 3},
+      **{"loop.eval_every_syncs": 3}).items()]
   preset_run = str(tmp_path / "preset")
   assert train_app.main(["--config", "configs/arithmetic.py", "--workdir", preset_run,
                          "--config.model.preset=llama_tiny", *shrink]) == 0
