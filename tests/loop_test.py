@@ -1,5 +1,6 @@
-"""The OAPL loop end to end on CPU: it learns, the buffer stays version-pure, a killed run resumes
-with the same metrics, and a NaN stops the run with the last good checkpoint kept."""
+"""The OAPL loop end to end on CPU: a killed run resumes with the same metrics, a NaN stops the run with the last
+good checkpoint kept, the summary; (slow) it learns and the buffer stays version-pure. What one step computes is
+tests/golden_step_test.py's."""
 import json
 import os
 import shutil
@@ -10,7 +11,7 @@ import pytest
 
 from configs import arithmetic
 from oapl_jax import reporting
-from oapl_jax.run import assemble
+from oapl_jax.run import assemble, schema
 from oapl_jax.rl import loop, preemption
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.monitors import HealthMonitor, MonitorConfig
@@ -31,11 +32,27 @@ def tiny_config(**loop_overrides):
   return c
 
 
+def fast_config(**loop_overrides):
+  """A run of seconds: configs/arithmetic.py with a 1-layer model, a short warm start, windows of 2 steps."""
+  c = tiny_config(**loop_overrides)
+  c.model.overrides.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                           head_dim=16)
+  c.task.update(num_train=256, num_held_out=16)
+  c.warmstart.update(steps=20, batch_size=32)
+  c.sampler.update(num_slots=32)
+  c.loop.update(sync_every=2, batch_prompts=4, prompts_per_rollout=4, group_size=4, steps_per_rollout=1,
+                eval_every_syncs=2)
+  c.loop.update(**loop_overrides)
+  c.eval.update(num_prompts=16, samples=2, ks=(1, 2))
+  return c
+
+
 def _history(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
   seen_versions = []
   original_sample = RolloutBuffer.sample
@@ -60,16 +77,17 @@ def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
     assert os.path.exists(summary[key]["curve"]) and os.path.exists(summary[key]["summary"])
 
 
-def test_resume_gives_the_same_metrics(tmp_path):
-  config = tiny_config(num_syncs=3)
+@pytest.mark.parametrize("make_config, L", [(fast_config, 2), pytest.param(tiny_config, 5, marks=pytest.mark.slow)])
+def test_resume_gives_the_same_metrics(tmp_path, make_config, L):
+  config = make_config(num_syncs=3)
   config.warmstart.steps = 20
   full = str(tmp_path / "full")
   loop.train(assemble.setup(config, full))
   killed = str(tmp_path / "killed")
-  loop.train(assemble.setup(config, killed), max_windows=2)  # "killed" after 2 windows (checkpoints at steps 5 and 10)
-  assert not any(h["step"] >= 10 and "train/loss" in h for h in _history(killed))
-  shutil.rmtree(os.path.join(killed, "checkpoints", "10", "meta"))  # the newest checkpoint is damaged
-  loop.train(assemble.setup(config, killed))  # restart: falls back to step 5 and re-runs windows 2 and 3
+  loop.train(assemble.setup(config, killed), max_windows=2)  # "killed" after 2 windows (checkpoints at L and 2L)
+  assert not any(h["step"] >= 2 * L and "train/loss" in h for h in _history(killed))
+  shutil.rmtree(os.path.join(killed, "checkpoints", str(2 * L), "meta"))  # the newest checkpoint is damaged
+  loop.train(assemble.setup(config, killed))  # restart: falls back to step L and re-runs windows 2 and 3
   assert os.listdir(os.path.join(killed, "checkpoints", "damaged"))  # moved aside, not deleted
 
   def by_step(history, key):
@@ -77,7 +95,7 @@ def test_resume_gives_the_same_metrics(tmp_path):
 
   for key in ("train/loss", "train/grad_norm", "rollout/reward_mean", "eval/held_out/pass@1"):
     want, got = by_step(_history(full), key), by_step(_history(killed), key)
-    later = [s for s in want if s >= 5]
+    later = [s for s in want if s >= L]
     assert later, key
     np.testing.assert_array_equal([got[s] for s in later], [want[s] for s in later], err_msg=key)  # bit-identical
   # The re-run steps replaced the first attempt's points: every (step, metric) is logged once.
@@ -86,22 +104,25 @@ def test_resume_gives_the_same_metrics(tmp_path):
 
 
 def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path):
-  config = tiny_config(num_syncs=1)
+  config = fast_config(num_syncs=1)
   config.warmstart.steps = 0
   workdir = str(tmp_path)
   loop.train(assemble.setup(config, workdir))
   checkpoints_before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   config.loop.num_syncs = 3
   config.trainer.optim.lr = 1e30  # blows the parameters up
-  with pytest.raises(FloatingPointError, match=r"loss became .* at trainer step \d+.*last good checkpoint \(step 5\)"):
+  with pytest.raises(FloatingPointError, match=r"loss became .* at trainer step \d+.*last good checkpoint \(step 2\)"):
     loop.train(assemble.setup(config, workdir, allow_config_changes=True))  # a changed resume must be allowed
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == checkpoints_before
 
 
 def _stopped_run(workdir, loss):
-  """What loop._finish reads of a run stopped after 1 of 3 windows (no final eval), with a real Reporter."""
+  """What loop._finish reads of a run stopped after 1 of 3 windows (no final eval), with a real Reporter; its
+  settings as run/assemble makes them from a config with `loss`."""
   ns = types.SimpleNamespace
-  return ns(cfg=ns(loop=ns(num_syncs=3, total_steps=15), trainer=ns(loss=loss)),
+  config = tiny_config(num_syncs=3)
+  config.trainer.loss = loss
+  return ns(settings=assemble.loop_settings(schema.from_config(config)), hooks=[],
             meta=ns(syncs_done=1), sampler=ns(snapshot_version=1), monitor=HealthMonitor(MonitorConfig()),
             reporter=reporting.Reporter(workdir, total_steps=15), checkpointer=ns(directory="checkpoints"))
 
