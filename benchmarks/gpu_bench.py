@@ -6,7 +6,8 @@
     python -m benchmarks.gpu_bench train --lengths 2048 4096 8192 --tokens 8192
 
 Ceilings (measured first, in JAX): HBM bandwidth, from a copy of 2 GiB (bytes read + written over the time), and the
-bf16 matmul rate, from an 8192^3 product. Times are the median of several runs after a warm-up, read after the
+bf16 matmul rate, from an 8192^3 product. Decode's roofline and the train step's MFU are given against these and,
+beside them, against the card's datasheet (DATASHEETS, by the device name JAX reports; "-" for a card not listed). Times are the median of several runs after a warm-up, read after the
 device is done (block_until_ready, or a host read of the result).
 
 - attention: causal GQA (16 query heads, 8 kv heads, head dim 128), forward + backward of <out, cotangent>, bf16.
@@ -18,7 +19,7 @@ device is done (block_until_ready, or a host read of the result).
   rate), bytes = every matmul weight once (bf16) + the KV cache up to the mean context.
 - train: our jitted OAPL step (float32 master weights, bf16 compute, Adam) against the same step in torch
   (train_bench.torch_step_fn under bf16 autocast, SDPA); MFU = model FLOPs (compile_check.train_flops: 6 x weights x
-  tokens + attention) per second over the measured matmul rate. Both live in one process and neither allocator gives
+  tokens + attention) per second over the measured matmul rate, and over the datasheet's. Both live in one process and neither allocator gives
   memory back: on an 80 GB H100, Qwen3-0.6B at 4,096 positions a step needs --remat (without it our step asks for
   a 21.4 GiB temporary arena, and at 8,192 positions JAX's pool left torch too little).
 A benchmark, not a test.
@@ -35,6 +36,11 @@ import numpy as np
 from benchmarks import ceiling
 
 BF16 = 2  # bytes
+# NVIDIA's datasheets: dense bf16 tensor-core FLOP/s (without sparsity) and HBM bytes/s, keyed by JAX's device_kind.
+DATASHEETS = {
+    "NVIDIA H100 80GB HBM3": {"name": "H100 SXM", "matmul": 989e12, "bandwidth": 3.35e12},
+    "NVIDIA H200": {"name": "H200 SXM", "matmul": 989e12, "bandwidth": 4.8e12},
+}
 WIDTHS = {  # published Qwen3 widths (vocab 151,936, tied embeddings), full depth unless --layers
     "qwen3_0p6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8),
@@ -67,9 +73,21 @@ def ceilings(copy_rows: int = 1024, matmul_n: int = 8192) -> dict:
   return {"bandwidth": bandwidth, "matmul": rate}
 
 
+def datasheet() -> dict:
+  """This device's datasheet peaks (DATASHEETS), or {} for a card not listed."""
+  return DATASHEETS.get(jax.devices()[0].device_kind, {})
+
+
 def print_ceilings(peak):
+  sheet = datasheet()
   print(f"device: {jax.devices()[0].device_kind}; measured: HBM {peak['bandwidth'] / 1e12:.2f} TB/s, "
-        f"bf16 matmul {peak['matmul'] / 1e12:.0f} TFLOP/s")
+        f"bf16 matmul {peak['matmul'] / 1e12:.0f} TFLOP/s; datasheet: " +
+        (f"{sheet['name']}, HBM {sheet['bandwidth'] / 1e12:.2f} TB/s, dense bf16 {sheet['matmul'] / 1e12:.0f} TFLOP/s"
+         if sheet else "none listed for this device (DATASHEETS)"))
+
+
+def _percent(x) -> str:
+  return "-" if x is None else f"{x:.1%}"
 
 
 # ---- attention
@@ -145,7 +163,9 @@ def decode(args, peak):
   print(f"decode: prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, temperature 1, bf16; "
         f"median of {args.repeats} alternating runs")
   print(f"{'width':>11} {'batch':>5} {'ours tok/s':>10} {'hf tok/s':>9} {'ratio':>6} {'ours ms/step':>12} "
-        f"{'floor ms':>8} {'ours % roofline':>15} {'hf % roofline':>13} {'compile s':>9}")
+        f"{'floor ms':>8} {'ours % roofline':>15} {'hf % roofline':>13} {'sheet floor ms':>14} {'ours % sheet':>12} "
+        f"{'hf % sheet':>10} {'compile s':>9}")
+  sheet = datasheet()
   rng = np.random.RandomState(0)
   for width in args.widths:
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,11 +183,14 @@ def decode(args, peak):
           sampler_bench.ours_runner(sampler, prompts, args.new_tokens, args.steps_per_sync),
           sampler_bench.hf_runner(torch_model, prompts, args.new_tokens), args.repeats)
       floor = decode_floor_seconds(config, batch, context, peak)
+      sheet_floor = decode_floor_seconds(config, batch, context, sheet) if sheet else None
       step_ours, step_theirs = ours_s / args.new_tokens, theirs_s / args.new_tokens
       tokens = batch * args.new_tokens
       print(f"{width:>11} {batch:>5} {tokens / ours_s:>10.0f} {tokens / theirs_s:>9.0f} {ratio:>5.2f}x "
             f"{step_ours * 1e3:>12.2f} {floor * 1e3:>8.3f} {floor / step_ours:>15.1%} {floor / step_theirs:>13.1%} "
-            f"{compile_s:>9.1f}", flush=True)
+            f"{'-' if sheet_floor is None else f'{sheet_floor * 1e3:.3f}':>14} "
+            f"{_percent(sheet_floor and sheet_floor / step_ours):>12} "
+            f"{_percent(sheet_floor and sheet_floor / step_theirs):>10} {compile_s:>9.1f}", flush=True)
       del sampler
     del torch_model, params
     torch.cuda.empty_cache()
@@ -182,7 +205,8 @@ def train(args, peak):
   from oapl_jax import compile_check
   print(f"train step: {args.width}, {args.tokens} positions a step, bf16 compute over float32 master weights")
   print(f"{'T':>6} {'seqs':>4} {'ours ms':>8} {'torch ms':>8} {'ratio':>6} {'ours MFU':>8} {'torch MFU':>9} "
-        f"{'loss ours':>10} {'loss torch':>10}")
+        f"{'ours MFU sheet':>14} {'torch MFU sheet':>15} {'loss ours':>10} {'loss torch':>10}")
+  sheet = datasheet()
   hf_cfg = qwen3_config(args.width, args.layers)
   torch.manual_seed(0)
   with tempfile.TemporaryDirectory() as ckpt:
@@ -211,6 +235,8 @@ def train(args, peak):
       flops = compile_check.train_flops(model_config, seqs, T)["model"]
       print(f"{T:>6} {seqs:>4} {ours_s * 1e3:>8.1f} {theirs_s * 1e3:>8.1f} {theirs_s / ours_s:>5.2f}x "
             f"{flops / ours_s / peak['matmul']:>8.1%} {flops / theirs_s / peak['matmul']:>9.1%} "
+            f"{_percent(flops / ours_s / sheet['matmul'] if sheet else None):>14} "
+            f"{_percent(flops / theirs_s / sheet['matmul'] if sheet else None):>15} "
             f"{loss_ours:>10.6f} {loss_torch:>10.6f}", flush=True)
       del jax_steps, torch_model, torch_step
       torch.cuda.empty_cache()

@@ -1,4 +1,7 @@
-"""benchmarks/gpu_bench.py's decode floor against a hand count, and its attention table on CPU."""
+"""benchmarks/gpu_bench.py's decode floor against a hand count; its attention and train tables on CPU."""
+import jax
+import transformers
+
 from benchmarks import gpu_bench
 from oapl_jax.models.qwen.config import QwenConfig
 
@@ -22,3 +25,27 @@ def test_attention_table_runs_and_every_kernel_agrees_with_float32(capsys):
   assert kernels == {"cudnn", "blockwise", "reference", "torch sdpa"}
   for r in rows:  # bf16 inputs against the float32 blockwise kernel: errors of bf16 rounding, never more
     assert all(0 < float(e) < 2e-2 for e in r[-4:]), r
+
+
+def test_the_train_table_gives_mfu_against_the_measured_rate_and_the_datasheet(capsys, monkeypatch):
+  """On CPU, a tiny width, with the ceilings and a datasheet for this device stated: each MFU is the model FLOPs
+  (a hand count) over the printed step time and that rate, within the rounding of what is printed."""
+  tiny = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, tie_word_embeddings=True)
+  monkeypatch.setattr(gpu_bench, "qwen3_config", lambda width, layers=None: transformers.Qwen3Config(
+      num_hidden_layers=layers, rope_theta=1e6, **tiny))
+  monkeypatch.setattr(gpu_bench, "ceilings", lambda: {"bandwidth": 1e8, "matmul": 2e8})
+  monkeypatch.setitem(gpu_bench.DATASHEETS, jax.devices()[0].device_kind,
+                      {"name": "a stated card", "matmul": 5e8, "bandwidth": 4e8})
+  gpu_bench.main(["train", "--lengths", "32", "--tokens", "64", "--layers", "1", "--repeats", "1"])
+  out = capsys.readouterr().out
+  assert "datasheet: a stated card, HBM 0.00 TB/s" in out
+  T, seqs, ours_ms, torch_ms, _, mfu, torch_mfu, sheet_mfu, torch_sheet_mfu = next(
+      line.split() for line in out.splitlines() if line.split()[:1] == ["32"])[:9]
+  assert (int(T), int(seqs)) == (32, 2)
+  E, H, K, D, F, V = 64, 4, 2, 16, 128, 256  # one layer, tied embeddings
+  flops = 6 * (E * D * (H + 2 * K) + H * D * E + 3 * E * F + V * E) * 64 + 12 * H * D * 32 ** 2 * 2
+  for printed, ms, rate in ((mfu, ours_ms, 2e8), (torch_mfu, torch_ms, 2e8), (sheet_mfu, ours_ms, 5e8),
+                            (torch_sheet_mfu, torch_ms, 5e8)):
+    low, high = (100 * flops / ((float(ms) + d) / 1e3) / rate for d in (0.05, -0.05))  # ms printed to 0.1
+    assert low - 0.05 <= float(printed[:-1]) <= high + 0.05, (printed, ms, rate)
