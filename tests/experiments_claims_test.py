@@ -174,3 +174,12 @@ def test_the_warm_start_rebuilds_bit_identically(tmp_path):
   a, b = _params(tmp_path / "a" / "warmstart"), _params(tmp_path / "b" / "warmstart")
   assert a and sorted(a) == sorted(b)
   assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_ab_checks_its_config_first(tmp_path):
+  config = _bad_config(tmp_path, reward="records:score")
+  proc = subprocess.run([sys.executable, "-m", "experiments.ab", "--config", str(config), "--smoke", "--out",
+                         str(tmp_path / "ab"), "--warm", str(tmp_path / "warm"), "--seeds", "0", "--arm", "a"],
+                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2 and "No module named 'records'" in proc.stderr, proc.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "warm") and not os.path.exists(tmp_path / "ab" / "runs")
