@@ -101,7 +101,11 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
   lines = ["## Tuning (seed %d; validation pass@1 of the current policy on the step grid)" % plan.TUNE_SEED, "",
            "| loss | tuned in | lr | knob | AUC (mean val pass@1) | final val pass@1 | chosen |",
            "|---|---|---|---|---|---|---|"]
+  unrun = [loss for loss, scores in state.tuning.items() if all(v is None for v in scores.values())]
+  partial = [loss for loss, scores in state.tuning.items() if loss not in unrun and None in scores.values()]
   for loss, scores in state.tuning.items():
+    if loss in unrun:
+      continue
     for setting in sorted(scores):
       r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
       final = r.curve()[-1][1] if r is not None and r.curve() else float("nan")
@@ -109,6 +113,11 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
       lines.append(f"| {loss} | {study.tuning_arm(loss).name} | {setting[0]:g} | "
                    f"{plan.KNOBS[loss][0].rsplit('.', 1)[1]} {setting[1]:g} | {score} | {_f(final)} | "
                    f"{'yes' if tuple(state.chosen.get(loss, ())) == tuple(setting) else ''} |")
+  if partial:
+    lines.append(f"\n**Grid not finished** for {', '.join(partial)}: the point marked chosen is the best of the "
+                 "points that ran (interim; the rule picks among all of them).")
+  if unrun:
+    lines.append(f"\nNot run: {', '.join(f'{loss} ({len(study.grid(loss))} points)' for loss in unrun)}.")
   edges = [loss for loss, (lr, v) in state.chosen.items()
            if tuning.edge(study.learning_rates, lr) or tuning.edge(plan.KNOBS[loss][1], v)]
   if edges and not study.smoke:
