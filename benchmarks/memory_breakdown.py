@@ -157,6 +157,7 @@ def dumped_modules(dump_dir: str) -> list:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   from oapl_jax import compile_check as cc  # pylint: disable=import-outside-toplevel
+  from oapl_jax.apps import compile_check as app  # pylint: disable=import-outside-toplevel
   from oapl_jax.apps import cli  # pylint: disable=import-outside-toplevel
   p = cli.parser("python -m benchmarks.memory_breakdown", __doc__)
   cli.add_config(p, required=True)
@@ -174,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dump_dir = args.dump_dir or tmp
     report = cc.check(cfg, args.topology, seq_len=args.seq_len or None, programs=programs,
                       compiler_options={"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True})
-    print(cc.format_report(report))
+    print(app.format_report(report))
     print("\nmemory_analysis totals above; below, the dumped buffer assignment of each program")
     modules = dumped_modules(dump_dir)
     for name, mem in report.programs.items():

@@ -22,13 +22,25 @@ vocabulary chunks), so the step is also counted analytically, per optimizer step
     chunks that run (the slice's analysis assumes every token does).
     remat_policy="save_dots_no_batch" keeps the weight matmuls (only attention is recomputed); with
     mlp_chunks > 1 each MLP piece's forward runs once more, in its own backward.
-Step time at a stated MFU = model FLOPs / (chips * peak bf16 FLOP/s * MFU).
+XLA's own count (the XLA FLOPs column) is per program with every loop body once: the micro-batch scan's body
+holds 1/M of the step, and under remat_policy="offload_layer_input" XLA peels one iteration out of each layer scan
+(forward and backward; the loop then runs L - 1 times) and counts it beside the body, so the same per-step work
+reads as about twice the layers' FLOPs of "full" at equal M. Compare policies by the analytic count, not XLA's.
+
+Host transfers. A remat policy that offloads (offload_layer_input) keeps the layer scan's saved inputs in pinned
+host memory: XLA's memory analysis gives that buffer (host temporaries, one micro-batch's [L, sequences, T, E]);
+each of its bytes goes out once in the forward and comes back once in the backward, per micro-batch, so the bytes
+moved per step = 2 * host temporaries * micro_batches (tests/compile_check_test.py: equal to the analytic size;
+the HLO's transfers are dynamic-update-slice-start/dynamic-slice-start of one layer's slice, in each layer loop).
+Estimated step time = executed FLOPs / (chips * peak bf16 FLOP/s * fraction) + host bytes per chip / host
+bandwidth, the two in series (an upper bound: XLA starts the transfers asynchronously and overlaps what it can).
+Host bandwidth: Google's Cloud TPU pages give no host<->chip figure for any generation; we assume 1.5e10 bytes/s
+per chip each way, the PCIe figure of the JAX scaling book ("How to Scale Your Model", part 2: TPUs), for every
+chip (--host_gbps overrides it).
 """
 import contextlib
 import dataclasses
-import glob
 import importlib.util
-import json
 import math
 import os
 import re
@@ -42,10 +54,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oapl_jax import parallel
+from oapl_jax import batch_spec, parallel, sections, tpu_host
 from oapl_jax.models import api, factory
 from oapl_jax.rl import trainer
-from oapl_jax.run import assemble, schema
+from oapl_jax.run import assemble, check as run_check, schema
 from oapl_jax.sampler import core
 
 GIB, PROGRAMS = 1024 ** 3, ("train_step", "prefill", "insert", "decode")
@@ -61,6 +73,7 @@ class Chip:
   hbm_bytes: int  # what XLA:TPU lets one program use (its out-of-memory message states it)
   peak_bf16_flops: float  # dense, per chip (Google Cloud TPU docs)
   shapes: dict  # chips -> the standard slice shape
+  host_bytes_per_s: float = 1.5e10  # host <-> chip, each way: assumed (module docstring), no Google figure found
 
 
 _SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
@@ -114,7 +127,7 @@ def accelerator_type(topology: Topology) -> str:
 def _quiet_libtpu(topology: Topology) -> None:
   """Off a TPU VM, libtpu looks for the VM's metadata when it loads, then logs an E-level "unexpected worker
   hostname" that reads as fatal and is not: compiling needs no TPU worker. Tell it what it would ask."""
-  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+  if tpu_host.has_tpu_device_files():
     return  # a real TPU VM: its own metadata is right
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
@@ -176,13 +189,9 @@ def _abstract_params(model, shardings):
 
 
 def train_inputs(train_cfg, model, layout: parallel.Layout, batch_prompts: int, group_size: int, seq_len: int):
-  """Abstract (state, batch, rng) of the train step: the buffer's packed [B, G, T] batch."""
+  """Abstract (state, batch, rng) of the train step: the buffer's packed [B, G, T] batch (oapl_jax/batch_spec)."""
   state = trainer.abstract_state(train_cfg, model, layout)
-  batch_sh, shape = trainer.batch_sharding(layout, batch_prompts), (batch_prompts, group_size, seq_len)
-  batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh) for name, dtype in (
-      ("tokens", jnp.int32), ("targets", jnp.int32), ("positions", jnp.int32), ("response_mask", jnp.float32),
-      ("sampler_token_logp", jnp.float32))}
-  batch["rewards"] = jax.ShapeDtypeStruct(shape[:2], jnp.float32, sharding=batch_sh)
+  batch = batch_spec.train_batch(batch_prompts, group_size, seq_len, layout, num_prompts=batch_prompts)
   return state, batch, jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)
 
 
@@ -219,6 +228,12 @@ class Memory:
   error: str = ""  # why it did not compile (an out-of-memory error still sets total)
   seconds: float = 0.0  # to lower and compile
   host_temp: int = 0  # temporaries in the host's pinned memory (remat_policy="offload_layer_input"), not HBM
+  host_bytes: int = 0  # moved between host and chip per call (the train step: per optimizer step), both ways
+
+  def with_host_trips(self, trips: int) -> "Memory":
+    """host_bytes for a program that fills and drains its host temporaries `trips` times a call: every byte out
+    once and back once per trip (the train step: once per micro-batch)."""
+    return dataclasses.replace(self, host_bytes=2 * self.host_temp * trips)
 
 
 _OOM = re.compile(r"(?:HLO temporaries \(|Used )([\d.]+)([KMGT]?)\)? (?:exceeds available HBM|of [\d.]+[KMGT]? hbm)")
@@ -280,9 +295,13 @@ class Report:
   layout: dict
   programs: dict  # name -> Memory
   flops: dict
-  mfu: float
-  step_seconds: float
+  mfu: float  # the fraction of the chips' peak the executed FLOPs are assumed to run at
+  step_seconds: float  # estimated: compute_seconds + host_seconds
   notes: list
+  peak_flops: float = 0.0  # per chip, dense bf16
+  host_bytes_per_s: float = 0.0  # per chip, each way
+  compute_seconds: float = 0.0  # executed FLOPs / (trainer chips * peak * mfu)
+  host_seconds: float = 0.0  # the train step's host bytes per chip / host_bytes_per_s
 
   def fits(self) -> dict:
     out = {name: mem.total <= self.hbm_bytes and not mem.error for name, mem in self.programs.items()}
@@ -295,12 +314,34 @@ class Report:
     return self.programs["train_step"].total + self.programs["decode"].argument
 
 
+def estimate_seconds(executed_flops: float, chips: int, peak_flops: float, fraction: float, host_bytes_per_chip: float,
+                     host_bytes_per_s: float) -> tuple[float, float]:
+  """(compute, host transfer) seconds of one step: the FLOPs over the chips at `fraction` of their peak, the host
+  bytes over one chip's host link (every chip moves its own, in parallel)."""
+  return executed_flops / (chips * peak_flops * fraction), host_bytes_per_chip / host_bytes_per_s
+
+
+def config_problems(rc: schema.RunConfig, devices) -> list:
+  """run/check's rules (the ones every entry point runs) over the topology's devices: raises sections.ConfigError,
+  returns the warnings. The task's own problems (its data and tokenizer files) are left out: compiling reads
+  neither, and a compile host need not hold them."""
+  try:
+    return run_check.check(rc, devices, preset_when_absent=True)
+  except sections.ConfigError as e:
+    problems = [p for p in e.problems if not p.startswith("task.")]
+    if problems:
+      raise sections.ConfigError(problems) from None
+    return []
+
+
 def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4, hbm_bytes: Optional[int] = None,
-          programs: Sequence[str] = PROGRAMS, num_layers: int = 0, compiler_options: Optional[dict] = None) -> Report:
+          programs: Sequence[str] = PROGRAMS, num_layers: int = 0, compiler_options: Optional[dict] = None,
+          host_bytes_per_s: Optional[float] = None) -> Report:
   """Compile `programs` of the run `cfg` describes for `topology`; per-device memory against HBM.
-  seq_len: the trainer's T (default `seq_len_of(cfg)`); hbm_bytes: the chip's HBM unless given;
-  num_layers: > 0 compiles a model cut to that many layers (a probe, not the run); compiler_options:
-  XLA debug options for every compile."""
+  seq_len: the trainer's T (default `seq_len_of(cfg)`); mfu: the fraction of peak the step-time estimate assumes;
+  hbm_bytes: the chip's HBM unless given; num_layers: > 0 compiles a model cut to that many layers (a probe, not
+  the run); compiler_options: XLA debug options for every compile; host_bytes_per_s: per chip, each way (default
+  the chip's assumed figure). The config goes through run/check first (config_problems)."""
   if set(programs) - set(PROGRAMS):
     raise ValueError(f"unknown programs {sorted(set(programs) - set(PROGRAMS))}; known: {PROGRAMS}")
   topo = parse_topology(topology)
@@ -309,17 +350,14 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       "takes seconds (a tiny model) to minutes (billions of parameters) to compile on a CPU host")
   devices = topology_devices(topo)
   model, placement = _model(cfg, num_layers), _placement(cfg, devices)
+  warnings = config_problems(cfg, devices)
   loop, T, M = cfg.loop, seq_len or seq_len_of(cfg), cfg.trainer.micro_batches
   layout = {"batch_prompts": loop.batch_prompts, "group_size": loop.group_size, "seq_len": T, "micro_batches": M,
             "trainer_mesh": dict(placement.trainer.mesh.shape), "sampler_mesh": dict(placement.sampler.mesh.shape),
             "num_slots": cfg.sampler.num_slots,
             "cache_len": cfg.sampler.max_prefill_length + max(cfg.sampler.max_new_tokens, cfg.eval.max_new_tokens)}
-  notes, results = [f"num_layers={num_layers}: a probe, the model cut to that many layers"] if num_layers else [], {}
-  shards = placement.trainer.axis_size("batch")
-  sequences = loop.batch_prompts // M * loop.group_size
-  if loop.batch_prompts % M or sequences % shards:
-    notes.append(f"a micro-batch of {sequences} sequences does not divide over the {shards} devices of the "
-                 "trainer's batch axis: loop.setup refuses this layout")
+  notes = [f"num_layers={num_layers}: a probe, the model cut to that many layers"] if num_layers else []
+  notes, results = notes + [f"config: {w}" for w in warnings], {}
 
   order = [name for name in PROGRAMS if name in programs]
   hbm = int(hbm_bytes or topo.chip.hbm_bytes)
@@ -337,7 +375,7 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       train_cfg = assemble.train_config(cfg)
       step = trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts)
       return step, train_inputs(train_cfg, model, placement.trainer, loop.batch_prompts, loop.group_size, T)
-    report("train_step", lambda: compile_memory(build_train_step, compiler_options=compiler_options))
+    report("train_step", lambda: compile_memory(build_train_step, compiler_options=compiler_options).with_host_trips(M))
   sampler_programs = [name for name in PROGRAMS[1:] if name in programs]
   if sampler_programs:
     try:
@@ -346,15 +384,17 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       inputs = sampler_inputs(sampler, prefill_rows=core.pow2(-(-sampler.num_slots // loop.group_size)))
       for name in sampler_programs:
         report(name, lambda name=name: compile_memory(lambda: (jitted[name], inputs[name]), sampler.layout.context(),
-                                                      compiler_options))
+                                                      compiler_options).with_host_trips(1))
     except Exception as e:  # noqa: BLE001 - e.g. a cache axis the sampler mesh cannot split
       for name in sampler_programs:
         if name not in results:
           report(name, lambda: Memory(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]))
   flops, n_trainer = train_flops(model.config, loop.batch_prompts * loop.group_size, T), placement.trainer.mesh.size
-  return Report(topology, topo.chip.name, hbm, topo.num_chips, n_trainer,
-                placement.shared, layout, results, flops, mfu,
-                flops["model"] / (n_trainer * topo.chip.peak_bf16_flops * mfu), notes)
+  host_bw = host_bytes_per_s or topo.chip.host_bytes_per_s
+  step_host = results["train_step"].host_bytes if "train_step" in results else 0
+  compute_s, host_s = estimate_seconds(flops["executed"], n_trainer, topo.chip.peak_bf16_flops, mfu, step_host, host_bw)
+  return Report(topology, topo.chip.name, hbm, topo.num_chips, n_trainer, placement.shared, layout, results, flops,
+                mfu, compute_s + host_s, notes, topo.chip.peak_bf16_flops, host_bw, compute_s, host_s)
 
 
 # ------------------------------------------------------------------------------ progress
@@ -380,37 +420,3 @@ def _heartbeat(what: str, every_s: float = 60.0):
   finally:
     done.set()
     thread.join()
-
-
-# ------------------------------------------------------------------------------ report
-def format_report(report: Report) -> str:
-  gib = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
-  hbm, lay = report.hbm_bytes, report.layout
-  lines = [f"{report.topology}: {report.num_chips} x {report.chip} chips, {hbm / GIB:.2f} GiB HBM each; trainer on "
-           f"{lay['trainer_mesh']}, sampler on {lay['sampler_mesh']}{' (shared)' if report.shared else ''}",
-           f"train step: {lay['batch_prompts']} prompts x {lay['group_size']} samples x T={lay['seq_len']}, "
-           f"micro_batches={lay['micro_batches']}; sampler: {lay['num_slots']} slots, cache {lay['cache_len']}",
-           "", "per device (GiB)      argument   output  aliased     temp     code    total   % HBM  fits"]
-  fits = report.fits()
-  for name, m in report.programs.items():
-    if m.error and m.total:  # out of memory: the compiler's total, no breakdown
-      lines.append(f"{name:<20} {'':>44} >={gib(m.total)[2:]} {100 * m.total / hbm:6.0f}%  NO")
-    elif m.error:
-      lines.append(f"{name:<20} did not compile: {m.error[:250]}")
-    else:
-      lines.append(f"{name:<20} {gib(m.argument)} {gib(m.output)} {gib(m.alias)} {gib(m.temp)} "
-                   f"{gib(m.generated_code)} {gib(m.total)} {100 * m.total / hbm:6.1f}%  {'yes' if fits[name] else 'NO'}")
-  if "train_step + sampler resident" in fits:
-    lines.append(f"{'train + sampler resident':<20} {'':>44}   {gib(report.resident_bytes())} "
-                 f"{100 * report.resident_bytes() / hbm:6.1f}%  "
-                 f"{'yes' if fits['train_step + sampler resident'] else 'NO'}  (snapshot + decode state stay in HBM)")
-  if "train_step" in report.programs:
-    f = report.flops
-    xla = report.programs["train_step"].xla_flops * report.trainer_devices
-    lines += ["", f"train step FLOPs: model {f['model']:.3e} (6*N*tokens + 12*L*H*D*T^2*seqs, N={f['matmul_weights']:.3e}), "
-              f"executed {f['executed']:.3e}; XLA cost analysis {xla:.3e} (loop bodies counted once)",
-              f"estimated step time at {100 * report.mfu:.0f}% MFU: {report.step_seconds:.2f} s "
-              f"({f['tokens'] / report.step_seconds / report.trainer_devices:.0f} tokens/s/chip)"]
-  notes = report.notes + [f"{name} keeps {m.host_temp / GIB:.2f} GiB per chip in pinned host memory (not in total)"
-                          for name, m in report.programs.items() if m.host_temp]
-  return "\n".join(lines + [f"note: {n}" for n in notes])

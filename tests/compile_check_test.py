@@ -12,7 +12,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from configs import arithmetic, code, math as math_config
-from oapl_jax import compile_check as cc
+from oapl_jax import compile_check as cc, sections
+from oapl_jax.apps import compile_check as app
 from oapl_jax.run import assemble, schema
 
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install 'libtpu==0.0.42.*'): no TPU topologies")
@@ -216,3 +217,52 @@ def test_num_layers_probe_cuts_only_the_layers():
   assert cut.config.replace(num_layers=48) == full.config
   with pytest.raises(ValueError, match="num_layers=-1"):
     cc._model(schema.from_config(cfg), num_layers=-1)
+
+
+@pytest.fixture(scope="module")
+def by_policy():
+  """The train step of a 3-layer tiny model in 2 micro-batches on v5p:2x2x1 (4 chips), under each remat policy that
+  keeps the layer inputs (in HBM, or offloaded to pinned host memory)."""
+  out = {}
+  for policy in ("full", "offload_layer_input"):
+    cfg = tiny_config()
+    cfg.model.overrides["num_layers"] = 3
+    cfg.model.update(remat=True, remat_policy=policy)
+    cfg.trainer.micro_batches = 2
+    out[policy] = cc.check(cfg, "v5p:2x2x1", seq_len=128, programs=("train_step",), mfu=0.5, host_bytes_per_s=2e9)
+  return out
+
+
+def test_host_bytes_are_the_offloaded_layer_inputs_out_and_back_per_micro_batch(by_policy):
+  full, offload = (by_policy[p].programs["train_step"] for p in ("full", "offload_layer_input"))
+  assert not full.error and not offload.error
+  assert full.host_temp == full.host_bytes == 0
+  # 8 prompts x 4 samples in 2 micro-batches = 16 sequences each, over 4 chips: [3 layers, 4, T=128, E=256] float32
+  # per chip, written in the forward and read in the backward, twice a step.
+  per_micro_batch = 3 * 4 * 128 * 256 * 4
+  assert offload.host_temp == per_micro_batch
+  assert offload.host_bytes == 2 * 2 * per_micro_batch
+
+
+def test_step_estimate_is_executed_flops_at_the_fraction_of_peak_plus_host_bytes_at_host_bandwidth(by_policy):
+  report = by_policy["offload_layer_input"]
+  compute = report.flops["executed"] / (4 * 459e12 * 0.5)  # 4 v5p chips, 459 TFLOP/s each, at half of it
+  host = 4 * 3 * 4 * 128 * 256 * 4 / 2e9  # 6 MiB per chip at 2 GB/s
+  assert report.compute_seconds == pytest.approx(compute, rel=1e-12)
+  assert report.host_seconds == pytest.approx(host, rel=1e-12)
+  assert report.step_seconds == pytest.approx(compute + host, rel=1e-12)
+  assert by_policy["full"].step_seconds == pytest.approx(compute, rel=1e-12)  # same FLOPs, nothing moved
+  text = app.format_report(report)
+  assert f"{host:.2f} s, assumed PCIe rate" in text and "at 2.0 GB/s" in text
+  row = next(line for line in text.splitlines() if line.startswith("train_step "))
+  assert row.split()[-2:] == [f"{6 * 1024 ** 2 / GIB:.2f}", f"{report.programs['train_step'].xla_flops:.3e}"]
+
+
+def test_the_compile_check_goes_through_run_check_but_not_the_tasks_files():
+  devices = cc.topology_devices(cc.parse_topology("v5p-64"))
+  paper = schema.from_config(math_config.get_config())  # its data and tokenizer are not on this host
+  assert cc.config_problems(paper, devices) == []
+  bad = tiny_config()
+  bad.trainer.micro_batches = 3  # 8 prompts do not split into 3 micro-batches
+  with pytest.raises(sections.ConfigError, match="loop.batch_prompts=8: must split into trainer.micro_batches=3"):
+    cc.check(bad, "v5e-8", seq_len=128, programs=("train_step",))

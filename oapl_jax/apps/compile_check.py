@@ -19,22 +19,70 @@ from oapl_jax.apps import cli
 GIB = 1024 ** 3
 
 
+def format_report(report: cc.Report) -> str:
+  """The report as the command prints it: per-program memory, host transfers and XLA's FLOPs, then the step."""
+  gib = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
+  hbm, lay = report.hbm_bytes, report.layout
+  lines = [f"{report.topology}: {report.num_chips} x {report.chip} chips, {hbm / GIB:.2f} GiB HBM each; trainer on "
+           f"{lay['trainer_mesh']}, sampler on {lay['sampler_mesh']}{' (shared)' if report.shared else ''}",
+           f"train step: {lay['batch_prompts']} prompts x {lay['group_size']} samples x T={lay['seq_len']}, "
+           f"micro_batches={lay['micro_batches']}; sampler: {lay['num_slots']} slots, cache {lay['cache_len']}",
+           "", "per device (GiB)      argument   output  aliased     temp     code    total   % HBM  fits   host<->chip  "
+           "XLA FLOPs"]
+  fits = report.fits()
+  for name, m in report.programs.items():
+    if m.error and m.total:  # out of memory: the compiler's total, no breakdown
+      lines.append(f"{name:<20} {'':>44} >={gib(m.total)[2:]} {100 * m.total / hbm:6.0f}%  NO")
+    elif m.error:
+      lines.append(f"{name:<20} did not compile: {m.error[:250]}")
+    else:
+      lines.append(f"{name:<20} {gib(m.argument)} {gib(m.output)} {gib(m.alias)} {gib(m.temp)} "
+                   f"{gib(m.generated_code)} {gib(m.total)} {100 * m.total / hbm:6.1f}%  {'yes' if fits[name] else 'NO ':<3}"
+                   f"  {gib(m.host_bytes)}    {m.xla_flops:9.3e}")
+  if "train_step + sampler resident" in fits:
+    lines.append(f"{'train + sampler resident':<20} {'':>44}   {gib(report.resident_bytes())} "
+                 f"{100 * report.resident_bytes() / hbm:6.1f}%  "
+                 f"{'yes' if fits['train_step + sampler resident'] else 'NO'}  (snapshot + decode state stay in HBM)")
+  if "train_step" in report.programs:
+    f = report.flops
+    xla = report.programs["train_step"].xla_flops * report.trainer_devices
+    mfu = f["model"] / (report.trainer_devices * report.peak_flops * report.step_seconds)
+    lines += ["", "host<->chip: GiB per chip moved between HBM and pinned host memory per call, both ways (the train "
+              "step: per optimizer step)", "XLA FLOPs: per chip, XLA's cost analysis, every loop body counted once "
+              "(not per step; oapl_jax/compile_check.py says why)",
+              f"train step FLOPs: model {f['model']:.3e} (6*N*tokens + 12*L*H*D*T^2*seqs, N={f['matmul_weights']:.3e}), "
+              f"executed {f['executed']:.3e}; XLA cost analysis x {report.trainer_devices} chips {xla:.3e}",
+              f"estimated step time {report.step_seconds:.2f} s = executed FLOPs at {100 * report.mfu:.0f}% of "
+              f"{report.trainer_devices} x {report.peak_flops / 1e12:.0f} TFLOP/s ({report.compute_seconds:.2f} s) + "
+              f"{report.programs['train_step'].host_bytes / GIB:.2f} GiB per chip to and from host memory at "
+              f"{report.host_bytes_per_s / 1e9:.1f} GB/s ({report.host_seconds:.2f} s, assumed PCIe rate, in series); "
+              f"{f['tokens'] / report.step_seconds / report.trainer_devices:.0f} tokens/s/chip, {100 * mfu:.0f}% MFU"]
+  notes = report.notes + [f"{name} keeps {m.host_temp / GIB:.2f} GiB per chip in pinned host memory (not in total)"
+                          for name, m in report.programs.items() if m.host_temp]
+  return "\n".join(lines + [f"note: {n}" for n in notes])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = cli.parser("python -m oapl_jax.apps.compile_check", __doc__)
   cli.add_config(p, required=True)
   p.add_argument("--topology", required=True, help="v5p-64, v5e-256, v6e-16, 2xv5e-256, v5p:4x4x8, ...")
   p.add_argument("--seq_len", type=int, default=0, help="trainer sequence length T (0: as the run computes it)")
-  p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilization assumed for the step-time estimate")
+  p.add_argument("--mfu", type=float, default=0.4,
+                 help="fraction of the chips' peak bf16 FLOP/s the executed FLOPs run at (step-time estimate)")
+  p.add_argument("--host_gbps", type=float, default=0.0,
+                 help="host<->chip GB/s per chip, each way, for the estimate (0: the chip's assumed 15 GB/s)")
   p.add_argument("--hbm_gib", type=float, default=0.0, help="HBM per chip to fit in (0: the chip's)")
-  p.add_argument("--programs", default=",".join(cc.PROGRAMS), help="comma-separated programs to compile")
+  p.add_argument("--programs", default=",".join(cc.PROGRAMS),
+                 help="comma-separated programs to compile (e.g. train_step alone: minutes less at the paper's scale)")
   p.add_argument("--num_layers", type=int, default=0, help="compile the model cut to this many layers (0: all)")
   p.add_argument("--json", default="", help="write the numbers here")
   args, cfg = cli.parse(p, argv)
   jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing here
   report = cc.check(cfg, args.topology, seq_len=args.seq_len or None, mfu=args.mfu,
                     hbm_bytes=int(args.hbm_gib * GIB) if args.hbm_gib else None,
-                    programs=[x for x in args.programs.split(",") if x], num_layers=args.num_layers)
-  print(cc.format_report(report))
+                    programs=[x for x in args.programs.split(",") if x], num_layers=args.num_layers,
+                    host_bytes_per_s=args.host_gbps * 1e9 or None)
+  print(format_report(report))
   if args.json:
     with open(args.json, "w") as f:
       json.dump({**dataclasses.asdict(report), "fits": report.fits()}, f, indent=2, default=float)
