@@ -6,9 +6,10 @@
       --config.trainer.loss=grpo --config.loop.sync_every=2 ...                      # one of its runs
 
 Variants: 'arithmetic' (task A: the demo's slip-fix addition, configs/arithmetic.py, with its full warm
-start: 1000 steps on a teacher that slips on 70% of the demonstrations), 'hard_tail' (task B: the same
+start: 1000 steps on a teacher that slips on 85% of the demonstrations), 'hard_tail' (task B: the same
 addition, the teacher always wrong on the problems whose first operand is odd: experiments/hard_tail_task.py),
-each optionally ',smoke' (CI size). The report's per-cell commands give every override.
+each optionally ',digits3' (3-digit addition, slip 0.5, a 3000-step warm start: off the ceiling) and ',smoke'
+(CI size). The report's per-cell commands give every override.
 
 The defaults here are OAPL at lag L = 50 for S = 300 trainer steps: each step draws B = 4 prompts x G = 8
 responses from a chunk generated for it (32 generations per step), the teacher slipping on 85% of the
@@ -29,6 +30,8 @@ STEPS = 300  # S: trainer steps per run (round 3; round 2, reports/claims_arithm
 LAG = 50  # OAPL's main lag (the paper's L)
 LONG_LAG = 100  # claim 3: L = 100 against L = 50, three windows at L = 100
 BATCH_PROMPTS = 4  # round 3: 4 prompts x 8 per step (round 2's 8 put GRPO at 0.95 by step 100: the ceiling)
+DIGITS3_SLIP_RATE = 0.5  # ',digits3': 3-digit addition, a teacher slipping on half the demonstrations,
+DIGITS3_WARMSTART_STEPS = 3000  # and a longer warm start (validation pass@1 0.41 after it)
 SLIP_RATE = 0.85  # round 3: the teacher slips on 85% of the demonstrations (round 2: the demo's 0.7)
 EVAL_EVERY_STEPS = 10  # the current policy's validation pass@1 and entropy on this step grid
 
@@ -44,9 +47,9 @@ def _arithmetic_demo_config() -> ConfigDict:
 def get_config(arg: str = "arithmetic") -> ConfigDict:
   parts = set(arg.split(",")) - {""}
   tasks = (parts & {"arithmetic", "hard_tail"}) or {"arithmetic"}
-  if len(tasks) != 1 or parts - {"arithmetic", "hard_tail", "smoke"}:
+  if len(tasks) != 1 or parts - {"arithmetic", "hard_tail", "digits3", "smoke"}:
     raise ValueError(f"configs/claims.py: unknown variant {arg!r}; expected 'arithmetic' (the default) or "
-                     f"'hard_tail', optionally ',smoke'")
+                     f"'hard_tail', optionally ',digits3' and ',smoke'")
   task = tasks.pop()
   smoke = "smoke" in parts
   c = _arithmetic_demo_config()  # the demo's tiny model, task, teacher (slip 0.7) and 1000-step warm start
@@ -68,6 +71,11 @@ def get_config(arg: str = "arithmetic") -> ConfigDict:
                 every_steps=EVAL_EVERY_STEPS)
   c.checkpoint.update(every_syncs=1, max_to_keep=1)  # the plan sets every_syncs to one save per 50 steps
   c.monitors.no_signal_steps = 1_000_000  # all-equal groups are common on a hard half; not an alarm here
+  if "digits3" in parts:  # 3-digit addition: off the ceiling (GRPO's pilot 0.41 -> 0.69 at step 150, 0.79 at 300)
+    c.task.base.update(num_digits=3, teacher_slip_rate=DIGITS3_SLIP_RATE)
+    c.warmstart.steps = DIGITS3_WARMSTART_STEPS  # 1000 steps left pass@1 at 0.04 and GRPO flat for 180 steps
+    c.sampler.update(max_prefill_length=10, max_new_tokens=7)
+    c.eval.max_new_tokens = 7
   if smoke:  # CI: seconds per run; S = 4 steps, lag 2
     c.warmstart.update(steps=5, batch_size=32)
     c.sampler.update(grow_cache=False, num_slots=32)  # one decode compile instead of one per cache length
