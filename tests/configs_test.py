@@ -119,3 +119,18 @@ def test_every_preset_builds():
   for name in families.PRESETS:
     assert families.preset(name).num_layers >= 1, name
   assert families.preset("deepseek_r1_distill_qwen_14b").max_position_embeddings == 131072
+
+
+@pytest.mark.parametrize("directory,preset", [
+    ("Qwen3-4B-Thinking-2507", "qwen3_4b_thinking_2507"), ("Qwen2.5-7B", "qwen2p5_7b"), ("Qwen3-0.6B", "qwen3_0p6b"),
+    ("Llama-3.2-1B", "llama3_2_1b"), ("Llama-3.1-8B", "llama3_1_8b"), ("Qwen3-0.6B-Base", None)])
+def test_an_absent_checkpoint_is_read_as_the_preset_its_name_names(directory, preset):
+  """Compiling for a pod from a laptop: the hub name of a checkpoint not on this host picks the preset
+  (case, '-', '_' and '.' aside); a name no preset has is refused naming the flag to set."""
+  from oapl_jax.models import factory, families
+  spec = factory.ModelSpec(checkpoint=f"/nowhere/{directory}")
+  if preset is None:
+    with pytest.raises(ValueError, match="matches no preset.*--config.model.preset=NAME"):
+      factory.architecture(spec, preset_when_absent=True)
+  else:
+    assert factory.architecture(spec, preset_when_absent=True) == families.preset(preset)

@@ -1,4 +1,4 @@
-"""Fetch a Qwen checkpoint or a data set and check it the way a run will read it.
+"""Fetch a Qwen or Llama checkpoint or a data set and check it the way a run will read it.
 
   oapl-prepare model Qwen/Qwen3-0.6B --out ~/models/Qwen3-0.6B [--revision REV]   # hub id, or a local directory
   oapl-prepare data gsm8k --out ~/data/gsm8k                       # gsm8k | math | deepscaler | livecodebench
@@ -47,7 +47,7 @@ def _data(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = cli.parser("oapl-prepare", __doc__)
   verbs = p.add_subparsers(dest="verb", required=True)
-  m = verbs.add_parser("model", help="download (or take a local) Qwen checkpoint and load it with our loader")
+  m = verbs.add_parser("model", help="download (or take a local) Qwen or Llama checkpoint and load it with our loader")
   m.add_argument("source", help="hub repo id (Qwen/Qwen3-0.6B) or a local checkpoint directory")
   m.add_argument("--out", help="where the checkpoint goes (default: ~/models/NAME; a local source: verified in place)")
   m.add_argument("--revision", help="hub branch, tag or commit (default: main)")

@@ -1,4 +1,4 @@
-"""Train a Qwen model with OAPL (or a baseline loss) from an experiment config.
+"""Train a Qwen or Llama model with OAPL (or a baseline loss) from an experiment config.
 
   python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo
   oapl-train --config configs/math.py:smoke --workdir /tmp/smoke --config.loop.num_syncs=2

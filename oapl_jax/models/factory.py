@@ -1,6 +1,7 @@
 """The `model` config section (ModelSpec) -> a CausalLM and its params: an HF checkpoint or a preset."""
 import dataclasses
 import os
+import re
 from typing import Optional
 
 import jax
@@ -48,8 +49,8 @@ def architecture(spec: ModelSpec, *, preset_when_absent: bool = False) -> Decode
     return hf.read_config(path, **spec.overrides).replace(execution=spec.execution)
   name = spec.preset
   if path:
-    name = os.path.basename(path.rstrip("/")).lower().replace("-", "_").replace(".", "p")
-    if name not in PRESETS:
+    name = preset_named(os.path.basename(path.rstrip("/")))
+    if name is None:
       raise ValueError(f"model.checkpoint={spec.checkpoint} is not here and its name matches no preset; pass "
                        f"--config.model.checkpoint= --config.model.preset=NAME (one of {sorted(PRESETS)})")
   base = PRESETS[name]()
@@ -58,6 +59,17 @@ def architecture(spec: ModelSpec, *, preset_when_absent: bool = False) -> Decode
     raise ValueError(f"model.overrides.{unknown[0]}: not a model setting; known: "
                      f"{sorted(f.name for f in dataclasses.fields(base) if f.name != 'execution')}")
   return base.replace(**spec.overrides, execution=spec.execution)
+
+
+def _name_key(name: str) -> str:
+  """Qwen2.5-7B, qwen2p5_7b -> qwen257b; Llama-3.2-1B, llama3_2_1b -> llama321b."""
+  return re.sub(r"(?<=\d)p(?=\d)", "", re.sub(r"[^a-z0-9]", "", name.lower()))
+
+
+def preset_named(directory_name: str) -> Optional[str]:
+  """The preset a hub-style checkpoint name stands for (case, '-', '_' and '.' aside), or None."""
+  matches = [preset for preset in PRESETS if _name_key(preset) == _name_key(directory_name)]
+  return matches[0] if len(matches) == 1 else None
 
 
 def model_of(spec: ModelSpec, *, preset_when_absent: bool = False) -> api.CausalLM:
