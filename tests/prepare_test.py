@@ -4,9 +4,10 @@ three README commands (prepare model, prepare data, train) run as typed, with HO
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
-import time
+import threading
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,10 +69,9 @@ def _run(args, cwd, **env):
   full = dict(os.environ)
   for key, value in env.items():
     full.pop(key, None) if value is None else full.__setitem__(key, value)
-  start = time.monotonic()
-  done = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=full, capture_output=True, text=True,
+  command = args if args[0] == "-c" else ["-m", *args]
+  return subprocess.run([sys.executable, *command], cwd=cwd, env=full, capture_output=True, text=True,
                         timeout=600)
-  return done, time.monotonic() - start
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +81,9 @@ def prepared_home(hub_cache, tmp_path_factory):
   cache, _, _ = hub_cache
   home = str(tmp_path_factory.mktemp("home"))
   env = dict(HOME=home, HF_HUB_CACHE=cache, HF_HUB_OFFLINE="1")
-  model_run, _ = _run(["oapl_jax.apps.prepare", "model", "tiny-org/TinyQwen3", "--out", "~/models/Qwen3-0.6B"],
+  model_run = _run(["oapl_jax.apps.prepare", "model", "tiny-org/TinyQwen3", "--out", "~/models/Qwen3-0.6B"],
                       home, **env)
-  data_run, _ = _run(["oapl_jax.apps.prepare", "data", "gsm8k", "--out", "~/data/gsm8k"], home, **env)
+  data_run = _run(["oapl_jax.apps.prepare", "data", "gsm8k", "--out", "~/data/gsm8k"], home, **env)
   return home, model_run, data_run
 
 
@@ -123,17 +123,58 @@ def test_unknown_architecture_is_refused(tmp_path, capsys):
   assert not (tmp_path / "out").exists()
 
 
+@pytest.fixture
+def dropping_hub():
+  """A hub address that accepts each connection and hangs up at once; yields (endpoint, connections counted)."""
+  server = socket.create_server(("127.0.0.1", 0))
+  connections = []
+  def serve():
+    while True:
+      try:
+        conn, _ = server.accept()
+      except OSError:  # closed: the test is over
+        return
+      connections.append(1)
+      conn.close()
+  threading.Thread(target=serve, daemon=True).start()
+  yield f"http://127.0.0.1:{server.getsockname()[1]}", connections
+  server.close()
+
+
 @pytest.mark.parametrize("args,repo", [(["model", "Qwen/Qwen3-0.6B"], "Qwen/Qwen3-0.6B"),
                                        (["data", "gsm8k"], "openai/gsm8k")])
-def test_unreachable_hub_is_one_line_and_fast(args, repo, tmp_path):
-  run, seconds = _run(["oapl_jax.apps.prepare", *args, "--out", str(tmp_path / "out")], tmp_path,
-                      HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "empty"), HF_HUB_OFFLINE=None)
+def test_unreachable_hub_is_one_line_without_retries(args, repo, tmp_path, dropping_hub):
+  endpoint, connections = dropping_hub
+  run = _run(["oapl_jax.apps.prepare", *args, "--out", str(tmp_path / "out")], tmp_path,
+                HF_ENDPOINT=endpoint, HF_HUB_CACHE=str(tmp_path / "empty"), HF_HUB_OFFLINE=None)
   assert run.returncode == 2
   lines = run.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: cannot reach the Hugging Face Hub (http://127.0.0.1:9)")
+  assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach the Hugging Face Hub ({endpoint})")
   assert "HF_HUB_OFFLINE=1" in lines[0] and f"hf download {repo}" in lines[0]
   assert ("a local checkpoint directory" if args[0] == "model" else "--source PATH") in lines[0]
-  assert seconds < 15, f"took {seconds:.1f} s: the hub client retried instead of failing"  # its retries take ~25 s
+  assert 1 <= len(connections) <= 2, f"{len(connections)} connections: the hub client retried instead of failing"
+  assert not (tmp_path / "out").exists()
+
+
+# The command with time.sleep recorded: huggingface_hub's retries back off with it (1, 2, 4, 8, 8 s for a refused
+# connection in hf_hub_download), so a run that slept did not fail at once.
+_SLEEPS_RECORDED = """import atexit, json, os, runpy, sys, time
+slept, real_sleep = [], time.sleep
+time.sleep = lambda seconds: (slept.append(seconds), real_sleep(seconds))[1]
+atexit.register(lambda: open(os.environ["SLEEPS_TO"], "w").write(json.dumps(slept)))
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("args", [["model", "Qwen/Qwen3-0.6B"], ["data", "gsm8k"]])
+def test_refused_hub_fails_without_backing_off(args, tmp_path):
+  sleeps = tmp_path / "sleeps.json"
+  run = _run(["-c", _SLEEPS_RECORDED, "oapl_jax.apps.prepare", *args, "--out", str(tmp_path / "out")], tmp_path,
+             HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "empty"), HF_HUB_OFFLINE=None,
+             SLEEPS_TO=str(sleeps))
+  assert run.returncode == 2 and run.stderr.startswith("error: cannot reach the Hugging Face Hub"), run.stderr
+  assert json.loads(sleeps.read_text()) == [], "the hub client backed off and retried instead of failing"
 
 
 def test_gsm8k_from_the_hub_cache(prepared_home):
@@ -233,7 +274,7 @@ def test_readme_commands_train_two_steps(prepared_home):
   default paths (~/models/Qwen3-0.6B, ~/data/gsm8k): one window of two trainer steps."""
   home, model_run, data_run = prepared_home
   assert model_run.returncode == 0 and data_run.returncode == 0
-  run, _ = _run(["oapl_jax.apps.train", "--config", os.path.join(REPO, "configs", "gsm8k.py:smoke"),
+  run = _run(["oapl_jax.apps.train", "--config", os.path.join(REPO, "configs", "gsm8k.py:smoke"),
                  "--workdir", "runs/gsm8k", "--config.eval.num_prompts=2"], home, HOME=home)
   assert run.returncode == 0, run.stderr[-3000:]
   assert "trainer_steps: 2" in run.stdout and "eval/gsm8k_test/pass@1 (end)" in run.stdout
