@@ -23,7 +23,7 @@ from typing import Optional
 import grpc
 import jax
 
-from oapl_jax import checkpoints, export, parallel
+from oapl_jax import checkpoint_files, export, parallel
 from oapl_jax.run import policy
 from oapl_jax.sampler import jetstream_compat  # noqa: F401  (must precede jetstream.core)
 from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine, load_tokenizer
@@ -72,7 +72,7 @@ def build_engine(args: argparse.Namespace, cfg=None) -> SamplerEngine:
                               top_p=args.top_p, top_k=args.top_k, stop_tokens=args.stop_tokens or ())
   common = dict(layout=layout, max_concurrent_decodes=args.slots, max_prefill_length=args.max_prefill_length,
                 seed=args.seed)
-  path = str(checkpoints.absolute(args.checkpoint))  # as the user typed it: relative, or with ~
+  path = str(checkpoint_files.absolute(args.checkpoint))  # as the user typed it: relative, or with ~
   if policy.is_run_dir(path):
     return _run_engine(path, args, cfg, settings, **common)
   if cfg is not None or args.step is not None:

@@ -13,7 +13,7 @@ import pytest
 import transformers
 
 from configs import arithmetic as arithmetic_config
-from oapl_jax import checkpoints, parallel, run_dir, serve
+from oapl_jax import checkpoint_files, checkpoints, parallel, run_dir, serve
 from oapl_jax.apps import checkpoints as checkpoints_app
 from oapl_jax.apps import eval as eval_app
 from oapl_jax.apps import export as export_app
@@ -35,7 +35,7 @@ def saved_run(tmp_path_factory):
   model, params = assemble.build_model(rc, layout)
   state = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
   ckpt = checkpoints.Checkpointer(str(root / "run" / "checkpoints"))
-  ckpt.save(2, state, checkpoints.Meta(1, 1, 8, rc.seed))
+  ckpt.save(2, state, checkpoint_files.Meta(1, 1, 8, rc.seed))
   ckpt.close()
   run_dir.record_config(str(root / "run"), cfg)
   return root, jax.device_get(state.params)

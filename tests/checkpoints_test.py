@@ -23,7 +23,7 @@ import pytest
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from oapl_jax import checkpoints
+from oapl_jax import checkpoint_files, checkpoints
 from oapl_jax.apps import checkpoints as checkpoints_app
 from oapl_jax.apps import cli
 from oapl_jax.rl.trainer import TrainState
@@ -44,8 +44,8 @@ def _state(step: int, embed_rows: int = 64) -> TrainState:
   return jax.device_put(state, jax.tree.map(lambda x: NamedSharding(mesh, P("x") if x.ndim == 2 else P()), state))
 
 
-def _meta(step: int) -> checkpoints.Meta:
-  return checkpoints.Meta(syncs_done=step, snapshot_version=step + 100, data_position=10 * step, seed=7)
+def _meta(step: int) -> checkpoint_files.Meta:
+  return checkpoint_files.Meta(syncs_done=step, snapshot_version=step + 100, data_position=10 * step, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def _write(path, text):
 
 
 def _drop_record(step_dir):
-  os.remove(f"{step_dir}/{checkpoints.RECORD}")
+  os.remove(f"{step_dir}/{checkpoint_files.RECORD}")
 
 
 def _assert_equal_trees(got, want):
@@ -158,13 +158,13 @@ def test_restore_falls_back_past_damaged_newest_step(saved_run, tmp_path, caplog
   _assert_equal_trees(state, _state(1))
   assert meta == _meta(1)
   assert _hashes(root / "1") == step1_before  # the restored step is untouched
-  moved = root / checkpoints.DAMAGED_DIR / f"2-{kind}"
+  moved = root / checkpoint_files.DAMAGED_DIR / f"2-{kind}"
   assert not (root / "2").exists() and _hashes(moved) == step2_before  # moved aside whole, not deleted
   warnings = caplog.text
   assert "checkpoint step 2 is damaged" in warnings and phrase in warnings, warnings
   assert "Traceback" not in warnings and "tensorstore_spec" not in warnings
   assert "continuing from step 1" in warnings
-  assert phrase in (moved.parent / f"{moved.name}{checkpoints.REASON_SUFFIX}").read_text()
+  assert phrase in (moved.parent / f"{moved.name}{checkpoint_files.REASON_SUFFIX}").read_text()
   # the run goes on: orbax sees step 1 as the latest and saves step 2 afresh
   assert ckpt.latest_step() == 1
   ckpt.save(2, _state(2), _meta(2))
@@ -177,7 +177,7 @@ def test_restore_falls_back_past_damaged_newest_step(saved_run, tmp_path, caplog
 def test_healthy_restore_takes_newest_and_writes_nothing(saved_run, tmp_path, caplog):
   tmp_path = _copy(saved_run, tmp_path / "ckpt")
   before = _hashes(tmp_path)
-  assert set(before) >= {f"{s}/{checkpoints.RECORD}" for s in (1, 2)}
+  assert set(before) >= {f"{s}/{checkpoint_files.RECORD}" for s in (1, 2)}
   with caplog.at_level(logging.WARNING):
     state, meta = checkpoints.Checkpointer(str(tmp_path)).restore(checkpoints.abstract_like(_state(1)))
   _assert_equal_trees(state, _state(2))
@@ -194,25 +194,25 @@ def test_every_step_damaged_is_a_clear_error_and_moves_nothing(saved_run, tmp_pa
   message = str(error.value)
   assert "step 2: the meta/ item directory" in message and "step 1: file state/" in message
   assert "Nothing was moved or deleted" in message
-  assert _hashes(tmp_path) == before and not (tmp_path / checkpoints.DAMAGED_DIR).exists()
+  assert _hashes(tmp_path) == before and not (tmp_path / checkpoint_files.DAMAGED_DIR).exists()
 
 
 def test_restore_of_a_named_damaged_step_raises_and_moves_nothing(saved_run, tmp_path):
   tmp_path = _copy(saved_run, tmp_path / "ckpt")
   os.remove(tmp_path / "2" / "state" / "_METADATA")
-  with pytest.raises(checkpoints.DamagedCheckpoint, match="step 2 is damaged: state/_METADATA"):
+  with pytest.raises(checkpoint_files.DamagedCheckpoint, match="step 2 is damaged: state/_METADATA"):
     checkpoints.Checkpointer(str(tmp_path)).restore(checkpoints.abstract_like(_state(1)), step=2)
-  assert (tmp_path / "2").is_dir() and not (tmp_path / checkpoints.DAMAGED_DIR).exists()
+  assert (tmp_path / "2").is_dir() and not (tmp_path / checkpoint_files.DAMAGED_DIR).exists()
 
 
 _SAVER = textwrap.dedent("""
     import sys, numpy as np, jax.numpy as jnp
-    from oapl_jax import checkpoints
+    from oapl_jax import checkpoint_files, checkpoints
     ckpt = checkpoints.Checkpointer(sys.argv[1])
     for step in range(1, 100000):
       rng = np.random.default_rng(step)
       ckpt.save(step, {"w": jnp.asarray(rng.standard_normal((2048, 1024), np.float32)), "step": jnp.int32(step)},
-                checkpoints.Meta(step, step, 10 * step, 7))
+                checkpoint_files.Meta(step, step, 10 * step, 7))
 """)
 
 
@@ -224,7 +224,7 @@ def test_kill_during_save_leaves_a_restorable_directory(tmp_path, caplog):
   deadline = time.monotonic() + 120
   try:
     while time.monotonic() < deadline and saver.poll() is None:
-      steps, interrupted = checkpoints.step_dirs(root)
+      steps, interrupted = checkpoint_files.step_dirs(root)
       if len(steps) >= 2 and interrupted:
         saver.send_signal(signal.SIGKILL)
         break
@@ -232,7 +232,7 @@ def test_kill_during_save_leaves_a_restorable_directory(tmp_path, caplog):
   finally:
     saver.kill()
     saver.wait()
-  steps, interrupted = checkpoints.step_dirs(root)
+  steps, interrupted = checkpoint_files.step_dirs(root)
   assert saver.returncode == -signal.SIGKILL and len(steps) >= 2
   assert interrupted, "the kill landed between saves; no save was interrupted"
   newest = max(steps)
@@ -242,13 +242,13 @@ def test_kill_during_save_leaves_a_restorable_directory(tmp_path, caplog):
       Mesh(np.array(jax.devices()), ("x",)), P("x"))), "step": jax.ShapeDtypeStruct((), jnp.int32)}
   with caplog.at_level(logging.WARNING):
     state, meta = ckpt.restore(target)
-  assert int(state["step"]) == newest and meta == checkpoints.Meta(newest, newest, 10 * newest, 7)
+  assert int(state["step"]) == newest and meta == checkpoint_files.Meta(newest, newest, 10 * newest, 7)
   np.testing.assert_array_equal(np.asarray(state["w"]), np.random.default_rng(newest).standard_normal((2048, 1024), np.float32))
   assert "damaged" not in caplog.text
   # saving the interrupted step again replaces orbax's leftover tmp directory
   ckpt.save(newest + 1, {"w": state["w"], "step": jnp.int32(newest + 1)}, meta)
   ckpt.close()
-  steps, interrupted = checkpoints.step_dirs(root)
+  steps, interrupted = checkpoint_files.step_dirs(root)
   assert newest + 1 in steps and not interrupted
 
 
@@ -334,7 +334,7 @@ def test_a_failed_save_stops_the_run_with_one_line(tmp_path):
   assert "Traceback" not in done.stderr, done.stderr[-3000:]  # tensorstore's closed-loop reports included
   after = done.stderr.split(lines[0], 1)[1]  # a background write's own log line may still land after it
   assert all("could not be written" not in line for line in after.splitlines())
-  assert checkpoints.step_dirs(epath.Path(tmp_path) / "checkpoints")[0] == {}  # nothing committed
+  assert checkpoint_files.step_dirs(epath.Path(tmp_path) / "checkpoints")[0] == {}  # nothing committed
   with open(tmp_path / "metrics.jsonl") as f:
     steps = [json.loads(line)["step"] for line in f if '"train/loss"' in line]
   assert 4 <= max(steps) <= 9  # stopped in window 2, at its end at the latest (before the next save)

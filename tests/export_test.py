@@ -12,7 +12,7 @@ import transformers
 
 from configs import arithmetic
 from oapl_jax.run import assemble, schema
-from oapl_jax import checkpoints, config_base, export, parallel, run_dir
+from oapl_jax import checkpoint_files, checkpoints, config_base, export, parallel, run_dir
 from oapl_jax.apps import eval as eval_cli
 from oapl_jax.apps import export as export_app
 from oapl_jax.models import decoder, factory, hf
@@ -35,7 +35,7 @@ def _save_run(workdir: str, cfg, scale: float = 0.3):
   params = jax.tree.map(lambda x: (scale * rng.standard_normal(x.shape)).astype(x.dtype), params)
   state = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
   saver = checkpoints.Checkpointer(f"{workdir}/checkpoints")
-  saver.save(2, state, checkpoints.Meta(1, 1, 8, rc.seed))
+  saver.save(2, state, checkpoint_files.Meta(1, 1, 8, rc.seed))
   saver.close()
   run_dir.record_config(workdir, cfg)
   return model, params
@@ -175,7 +175,7 @@ def test_run_from_hf_checkpoint_exports_its_tokenizer(tmp_path):
   state = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
   moved = jax.tree.map(lambda x: x + 0.01 * jax.random.normal(jax.random.PRNGKey(1), x.shape), state.params)
   saver = checkpoints.Checkpointer(f"{workdir}/checkpoints")
-  saver.save(7, state.replace(params=moved), checkpoints.Meta(syncs_done=3, snapshot_version=4, data_position=96, seed=0))
+  saver.save(7, state.replace(params=moved), checkpoint_files.Meta(syncs_done=3, snapshot_version=4, data_position=96, seed=0))
   saver.close()
   run_dir.record_config(workdir, cfg)
 

@@ -10,7 +10,7 @@ import peft
 import pytest
 import torch
 
-from oapl_jax import checkpoints, export, objectives, parallel, sections
+from oapl_jax import checkpoint_files, export, objectives, parallel, sections
 from oapl_jax.models import api, decoder, hf, lora
 from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import loop, trainer
@@ -156,8 +156,8 @@ def test_lora_run_saves_only_adapters_resumes_exactly_and_exports_merged(tmp_pat
       return {h["step"]: h["train/loss"] for h in map(json.loads, f) if "train/loss" in h}
   assert losses(full) == losses(killed) and len(losses(full)) == 6  # bit-identical after the resume
 
-  step_dir = checkpoints.absolute(full) / "checkpoints" / "6"
-  _, saved = checkpoints.check_files(step_dir, 6)
+  step_dir = checkpoint_files.absolute(full) / "checkpoints" / "6"
+  _, saved = checkpoint_files.check_files(step_dir, 6)
   assert any(".lora_a" in k for k in saved) and not any(k.endswith(".kernel") for k in saved)
 
   weights = export.read_params(full)  # what export, eval and serve read: merged, plain model params

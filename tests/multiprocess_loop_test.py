@@ -317,9 +317,9 @@ def test_sigterm_stops_both_processes_at_one_step_and_resumes_exactly(uninterrup
     summary = process["summary"]
     assert (summary["stopped_by"], summary["trainer_steps"], summary["finished"]) == ("SIGTERM", saved, False)
   assert _committed_steps(workdir) == {3, saved} if saved > 3 else {saved}  # window 1's end, then the stop's
-  from oapl_jax import checkpoints  # pylint: disable=import-outside-toplevel
-  step_dir = checkpoints.step_dirs(checkpoints.absolute(str(workdir / "checkpoints")))[0][saved]
-  meta = checkpoints.read_meta(step_dir, saved)
+  from oapl_jax import checkpoint_files  # pylint: disable=import-outside-toplevel
+  step_dir = checkpoint_files.step_dirs(checkpoint_files.absolute(str(workdir / "checkpoints")))[0][saved]
+  meta = checkpoint_files.read_meta(step_dir, saved)
   assert (meta.syncs_done, meta.window_steps_done) == (saved // 3, saved % 3) and saved % 3
   assert os.path.isdir(os.path.join(step_dir, "sampler"))  # the window's snapshot, saved with it
   resumed = _finish(_start(2, workdir, tmp_path / "resumed"), tmp_path / "resumed")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from oapl_jax import checkpoints
+from oapl_jax import checkpoint_files
 from oapl_jax.rl import loop
 from oapl_jax.run import assemble
 from tests.loop_test import tiny_config
@@ -69,9 +69,9 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_metrics(tmp_path, full, stop
   saved = stop_after + 2
   assert summary["stopped_by"] == "SIGTERM" and summary["trainer_steps"] == saved
   assert summary["finished"] == ("final_eval" in summary) == (saved == 10)
-  step_dirs = checkpoints.step_dirs(checkpoints.absolute(os.path.join(stopped, "checkpoints")))[0]
+  step_dirs = checkpoint_files.step_dirs(checkpoint_files.absolute(os.path.join(stopped, "checkpoints")))[0]
   assert sorted(step_dirs) == [5, saved]
-  meta = checkpoints.read_meta(step_dirs[saved], saved)
+  meta = checkpoint_files.read_meta(step_dirs[saved], saved)
   inside = saved % 5
   assert (meta.syncs_done, meta.window_steps_done) == ((1, inside) if inside else (2, 0))
   assert os.path.isdir(os.path.join(step_dirs[saved], "sampler")) == bool(inside)
@@ -105,7 +105,7 @@ def test_a_signal_in_the_final_eval_ends_the_run_without_it(tmp_path, full):
     written = json.load(f)
   assert written["final_eval"] == summary["final_eval"] and not any(k.endswith("(end)") for k in written)
   assert not [k for step, k, _ in _values(stopped) if step == 10 and k.startswith("eval/")]
-  assert sorted(checkpoints.step_dirs(checkpoints.absolute(os.path.join(stopped, "checkpoints")))[0]) == [5, 10]
+  assert sorted(checkpoint_files.step_dirs(checkpoint_files.absolute(os.path.join(stopped, "checkpoints")))[0]) == [5, 10]
 
   summary = loop.train(assemble.setup(_config(), stopped))  # the same call again: only the final eval
   assert "stopped_by" not in summary and "final_eval" not in summary and "eval/held_out/pass@1 (end)" in summary

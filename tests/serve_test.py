@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from oapl_jax import checkpoints, export, parallel, serve
+from oapl_jax import checkpoint_files, checkpoints, export, parallel, serve
 from oapl_jax.apps import serve as serve_app
 from oapl_jax import run_dir as run_dir_lib
 from oapl_jax.rl import trainer
@@ -214,7 +214,7 @@ def _save_run(run_dir, cfg, steps):
     rng = np.random.default_rng(step)
     params = jax.tree.map(lambda s: rng.normal(0, 0.1, s.shape).astype(s.dtype), shapes)
     states[step] = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
-    ckpt.save(step, states[step], checkpoints.Meta(step // 10, step // 10, 0, cfg.seed))
+    ckpt.save(step, states[step], checkpoint_files.Meta(step // 10, step // 10, 0, cfg.seed))
   ckpt.close()
   return model, states
 

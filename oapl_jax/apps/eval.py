@@ -22,7 +22,7 @@ from oapl_jax.apps import cli
 
 cli.prepare_host()
 
-from oapl_jax import checkpoints, evaluation, run_dir  # noqa: E402
+from oapl_jax import checkpoint_files, evaluation, run_dir  # noqa: E402
 from oapl_jax.run import assemble, policy, schema  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def evaluate_source(source: str, *, cfg=None, step: int | None = None,
   """pass@k (and the other evaluation.evaluate metrics) on every eval set; returns the report dict.
   cfg: the --config (a ConfigDict or RunConfig; a run directory's own when None; an HF directory needs it).
   `sampling`: overrides of the eval SamplingSettings (temperature, top_p, top_k, max_new_tokens)."""
-  source = str(checkpoints.absolute(source))
+  source = str(checkpoint_files.absolute(source))
   kind = _source_kind(source)
   if sets and (cfg is not None or kind == "run"):  # checked before any checkpoint is read
     cfg = with_sets(run_dir.load_config(source) if cfg is None else schema.from_config(cfg), sets)

@@ -17,7 +17,7 @@ cli.prepare_host()
 
 from etils import epath  # noqa: E402
 
-from oapl_jax import checkpoints, distributed  # noqa: E402
+from oapl_jax import checkpoint_files, distributed  # noqa: E402
 from oapl_jax.rl import offline, preemption  # noqa: E402
 from oapl_jax.run import assemble, schema  # noqa: E402
 
@@ -38,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.command == "train" and not args.offline:
     p.error("`train` here trains on stored rollouts: pass --offline (online OAPL: python -m oapl_jax.main)")
   workdir = args.workdir
-  if args.command == "train" and not checkpoints.step_dirs(epath.Path(workdir).expanduser().absolute()
+  if args.command == "train" and not checkpoint_files.step_dirs(epath.Path(workdir).expanduser().absolute()
                                                           / "checkpoints")[0]:
     p.error(f"no checkpoint in {workdir}/checkpoints: run `generate` first")
   cli.console_logging()

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from oapl_jax import checkpoints, parallel
+from oapl_jax import checkpoint_files, checkpoints, parallel
 from oapl_jax.rl import preemption, trainer
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.parts import RunParts
@@ -231,12 +231,12 @@ def _end_window(run: Online, worker: RolloutWorker, at: _Position, length: int, 
   _log_worker_stats(run, worker, at.restored_step)
   end_step, seed = at.step0 + done, run.settings.seed
   if done < length and not ended:  # stopped inside the window: save it as it stands
-    run.meta = checkpoints.Meta(at.sync, run.sampler.snapshot_version, run.meta.data_position, seed,
+    run.meta = checkpoint_files.Meta(at.sync, run.sampler.snapshot_version, run.meta.data_position, seed,
                                 window_steps_done=done, drift_seen=int(ended_last))
     _save(run, end_step, run.meta, sampler=run.sampler.params)
     at.step0 = end_step
     return False
-  run.meta = checkpoints.Meta(at.sync + 1, run.sampler.snapshot_version, run.meta.data_position
+  run.meta = checkpoint_files.Meta(at.sync + 1, run.sampler.snapshot_version, run.meta.data_position
                               + run.schedule.chunks_visible(s) * run.schedule.prompts_per_chunk, seed)
   window_metrics = run.windows.window_metrics(done)
   if window_metrics:
@@ -255,7 +255,7 @@ def _or(flags: tuple[bool, bool], drifted: bool, stopping: bool) -> tuple[bool, 
   return flags[0] or drifted, flags[1] or stopping
 
 
-def _save(run: Online, step: int, meta: checkpoints.Meta, sampler: Optional[trainer.Params] = None) -> None:
+def _save(run: Online, step: int, meta: checkpoint_files.Meta, sampler: Optional[trainer.Params] = None) -> None:
   """A checkpoint at `step`, unless its last update was skipped as non-finite (then the last good one stays)."""
   if run.monitor.diverging:
     logging.warning("not checkpointing step %d: its last update was skipped as non-finite", step)

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from oapl_jax import checkpoints, evaluation, parallel, sections
+from oapl_jax import checkpoint_files, evaluation, parallel, sections
 from oapl_jax.rl import policy_eval, preemption, trainer
 from oapl_jax.rl.buffer import pack_groups, sequence_length
 from oapl_jax.rl.monitors import check_reward_failures
@@ -242,7 +242,7 @@ def train_stage(run: Offline, config: OfflineConfig, stage: int, workdir: str,
   _log_step(run, *pending)
   done = i + 1 if i + 1 < steps else 0  # > 0: stopped inside the stage
   end_step = start_step + (done or steps)
-  meta = checkpoints.Meta(syncs_done=stage - bool(done), snapshot_version=h.snapshot_version,
+  meta = checkpoint_files.Meta(syncs_done=stage - bool(done), snapshot_version=h.snapshot_version,
                           data_position=first_position + (done or steps) * B, seed=run.seed, window_steps_done=done)
   run.checkpointer.save(end_step, state, meta)
   run.checkpointer.wait()

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 from typing import Callable, Optional, Protocol
 
-from oapl_jax import checkpoints, parallel, reporting
+from oapl_jax import checkpoint_files, checkpoints, parallel, reporting
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.monitors import HealthMonitor
 from oapl_jax.rl.policy_eval import PolicyEval
@@ -38,7 +38,7 @@ class RunParts:
   model: CausalLM
   policy_params: PolicyParams
   state: Optional[TrainState]  # None only while offline mode swaps its optimizer state
-  meta: checkpoints.Meta
+  meta: checkpoint_files.Meta
   sampler: core.Sampler
   rollout_settings: SamplingSettings
   eval_settings: SamplingSettings

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from oapl_jax import checkpoints, evaluation, objectives, parallel, reporting, run_dir
+from oapl_jax import checkpoint_files, checkpoints, evaluation, objectives, parallel, reporting, run_dir
 from oapl_jax.models import factory
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl import loop, offline as offline_mode, trainer, warmstart, windows
@@ -196,7 +196,7 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
     params = warm_start(rc, task, model, params, layouts.trainer, seq, reporter.scalars)
   state = trainer.create_train_state(train_cfg, model, params, layouts.trainer, jax.random.PRNGKey(rc.seed))
   del params
-  meta = checkpoints.Meta(syncs_done=0, snapshot_version=0, data_position=0, seed=rc.seed)
+  meta = checkpoint_files.Meta(syncs_done=0, snapshot_version=0, data_position=0, seed=rc.seed)
   if resuming:
     frozen = state.frozen
     if train_cfg.lora.enabled:  # the base the adapters were trained on (after its warm start)

@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from oapl_jax import checkpoints, run_dir
+from oapl_jax import checkpoint_files, checkpoints, run_dir
 from oapl_jax.models import factory, lora
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.trainer import Params
@@ -44,7 +44,7 @@ class Policy:
   source: str  # the run or HF directory ('' for a warm start made here)
   kind: str  # "run", "hf" or "warmstart"
   step: Optional[int] = None  # a run's checkpoint step
-  meta: Optional[checkpoints.Meta] = None  # and what was saved with it
+  meta: Optional[checkpoint_files.Meta] = None  # and what was saved with it
 
   def load_into(self, sampler: core.Sampler) -> None:
     if self.params is None:
@@ -61,7 +61,7 @@ def policy(source: str, *, config: Optional[RunConfig] = None, step: Optional[in
   """The policy at `source`: a run directory's checkpoint `step` (default: the newest), with `config` or else the
   run's recorded one; or an HF directory (`config` required: it gives the task and eval settings; the model
   is the directory's own, a preset's overrides dropped)."""
-  source = str(checkpoints.absolute(source))
+  source = str(checkpoint_files.absolute(source))
   config = None if config is None else schema.from_config(config)  # a ConfigDict from --config, or typed
   if is_run_dir(source):
     return from_run(source, step, config)
@@ -95,7 +95,7 @@ def warm_started(config: RunConfig, task: Task, log: Callable[[int, dict], None]
 
 
 def resolve_step(checkpoint_dir: str, step: Optional[int]) -> int:
-  steps = sorted(checkpoints.step_dirs(epath.Path(checkpoint_dir))[0])
+  steps = sorted(checkpoint_files.step_dirs(epath.Path(checkpoint_dir))[0])
   if not steps:
     raise FileNotFoundError(f"{checkpoint_dir} holds no finished checkpoint (is it a run directory's checkpoints/?)")
   if step is None:
@@ -108,20 +108,20 @@ def resolve_step(checkpoint_dir: str, step: Optional[int]) -> int:
 def from_run(run: str, step: Optional[int] = None, config: Optional[RunConfig] = None) -> Policy:
   """Params of checkpoint `step` (default: the newest) of run directory `run` (host numpy, training layout), with
   `config` or else the run's recorded one."""
-  run = str(checkpoints.absolute(run))
+  run = str(checkpoint_files.absolute(run))
   config = run_dir.load_config(run) if config is None else schema.from_config(config)
   model = factory.model_of(config.model)
   directory = os.path.join(run, "checkpoints")
   step = resolve_step(directory, step)
   step_dir = epath.Path(directory) / str(step)
-  meta, saved = checkpoints.check_files(step_dir, step)
+  meta, saved = checkpoint_files.check_files(step_dir, step)
   abstract = nn.unbox(jax.eval_shape(lambda: model.init_params(jax.random.PRNGKey(0))))
   settings = config.trainer.lora
   trained = abstract  # what the step checkpoint holds: the params, or a LoRA run's adapters
   if settings.enabled:
     trained = jax.eval_shape(lambda: lora.init_adapters(settings, model, abstract, jax.random.PRNGKey(0)))
   saved_params = {k: v for k, v in saved.items() if k.startswith("params.")}
-  checkpoints.check_tree(saved_params, {"params": trained}, step)
+  checkpoint_files.check_tree(saved_params, {"params": trained}, step)
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
   on_cpu = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=cpu), tree)  # noqa: E731
   target = {"params": on_cpu(trained)}
