@@ -16,26 +16,34 @@ The data files hold {"problem", "answer"} records (JSONL or Parquet), as oapl-pr
 """
 from ml_collections import ConfigDict
 
-from oapl_jax import config_base
+from oapl_jax.run import config_base
 
 DATA = "~/data"  # edit, or override each path on the command line
 
 
 def get_config(arg: str = "") -> ConfigDict:
   c = config_base.base_config()
-  # remat_policy: the layer scan's saved inputs ([36 layers, 8 sequences, T, 2560] bf16 per chip, 25.3 GiB) wait in
-  # pinned host memory between the forward and the backward (benchmarks/memory_breakdown.py shows what fills HBM).
+  # Each layer rematerialised, its input kept in HBM (remat_policy "full"): with 4 micro-batches that stack is
+  # [36 layers, 4 sequences, T, 2560] bf16 = 12.7 GiB per v5p-64 chip (micro_batches below says why this setting).
   c.model.update(checkpoint="~/models/Qwen3-4B-Thinking-2507", param_dtype="float32", dtype="bfloat16", remat=True,
-                 remat_policy="offload_layer_input")
+                 remat_policy="full")
   c.task = config_base.chat_task(
       tokenizer_dir="~/models/Qwen3-4B-Thinking-2507", train_path=f"{DATA}/deepscaler/train.jsonl",
       eval_paths={name: f"{DATA}/{name}/test.jsonl" for name in ("aime25", "hmmt25_feb", "hmmt25_nov", "brumo25")})
   c.trainer.loss_settings.oapl.update(beta1=1.0, beta2=1e-3)
   c.trainer.optim.update(lr=1e-6, b1=0.9, b2=0.95, max_grad_norm=1.0)
-  # 64 prompts x 8 samples per step in 2 micro-batches of 256 sequences (8 per v5p-64 chip): with splash attention and
-  # the layer inputs offloaded, the compile check measures 36.7 GiB per chip (38.4% of HBM; 76.7 GiB kept in HBM);
-  # model.mlp_chunks=4 cuts it to 24.2 GiB (25.3%) for one more MLP forward per layer.
-  c.trainer.micro_batches = 2
+  # 64 prompts x 8 samples per step in 4 micro-batches of 128 sequences (4 per v5p-64 chip): the fastest setting the
+  # compile check (v5p-64, splash attention, 2026-11-27) finds to fit with the sampler resident. Per chip; the time
+  # estimated at 40% of peak for the 7.14e17 FLOPs a step executes (121.5 s) plus host transfers at an assumed 15 GB/s:
+  #   remat "full", 4 micro-batches:                37.4 GiB, ~58.6 with the sampler, no host transfers: 121.5 s
+  #   "offload_layer_input", 2 micro-batches:       35.8 GiB, 25.3 GiB of layer inputs in pinned host memory, moved
+  #                                                 out and back each micro-batch (101.2 GiB a step): 128.8 s
+  #   "save_dots_no_batch", 2 micro-batches:        asks 321.1 GiB of temporaries: no fit (109.9 s if it did)
+  #   "full", 2 micro-batches:                      76.7 GiB (at 702dc4b): no room for the sampler's 21.2 GiB
+  # (the sampler's share is the decode program's arguments, snapshot + KV cache, at d0d808e).
+  # The offload policy saves HBM, not time: pick it (with micro_batches=2) where HBM is short; model.mlp_chunks=4
+  # cuts the peak further for one more MLP forward per layer.
+  c.trainer.micro_batches = 4
   c.sampler.update(num_slots=256, max_prefill_length=2048, max_new_tokens=16384, temperature=1.0, top_p=1.0,
                    dtype="bfloat16", steps_per_sync=64)
   c.loop.update(sync_every=50, num_syncs=20, batch_prompts=64, prompts_per_rollout=128, group_size=8,
