@@ -16,7 +16,7 @@ start 4.9 of it; pass@1 0.21 -> 0.93 (L = 1, 5), 0.85-0.88 (L = 20), 0.63-0.72 (
 """
 from ml_collections import ConfigDict
 
-from oapl_jax import config_base
+from oapl_jax.run import config_base
 
 SWEEP_STEPS = 60  # T: trainer steps of every point of the example sweep, whatever its lag
 SWEEP_LAGS = (1, 5, 20, 60)  # L: num_syncs = T / L windows

@@ -23,7 +23,7 @@ livecodebench` joins its test.jsonl ... test6.jsonl into one test.jsonl), cut in
 """
 from ml_collections import ConfigDict
 
-from oapl_jax import config_base
+from oapl_jax.run import config_base
 
 DATA = "~/data"  # edit, or override each path on the command line
 MODEL = "~/models/DeepSeek-R1-Distill-Qwen-14B"

@@ -14,7 +14,7 @@ Responses are short, so L is shorter than the paper's 50 and beta2 larger than i
 """
 from ml_collections import ConfigDict
 
-from oapl_jax import config_base
+from oapl_jax.run import config_base
 
 DATA = "~/data/gsm8k"  # what `oapl-prepare data gsm8k --out ~/data/gsm8k` writes
 

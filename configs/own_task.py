@@ -1,6 +1,6 @@
 """Your own task from a config and JSONL files alone: sort four letters (data and reward: examples/sort_letters/).
   python -m oapl_jax.main --config configs/own_task.py --workdir runs/own_task"""
-from oapl_jax import config_base
+from oapl_jax.run import config_base
 
 
 def get_config(arg: str = ""):

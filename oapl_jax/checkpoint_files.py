@@ -10,7 +10,9 @@ Health. A step is readable when, in this order (cheap to costly):
          tree of saved arrays) parses;
   tree   the saved arrays' names, shapes and dtypes equal the restore target's;
   data   orbax restores every array (a missing or truncated data file fails here at the latest).
-`rows(resolve(path))` lists a directory's steps with their health (the CLI: oapl-checkpoints, apps/checkpoints.py).
+`rows(resolve(path))` lists a directory's steps with their health (the CLI: oapl-checkpoints, apps/checkpoints.py):
+committed steps (deep=True also checks every crc32 and restores each step's arrays to host numpy), then steps a
+restore moved aside (damaged/) and interrupted saves (orbax tmp directories).
 """
 import dataclasses
 import gc
@@ -290,3 +292,67 @@ def step_dirs(directory: epath.Path) -> tuple[dict[int, epath.Path], list[epath.
     elif path.name.isdigit() and path.is_dir():
       steps[int(path.name)] = path
   return dict(sorted(steps.items())), sorted(interrupted)
+
+
+# ------------------------------------------------------------------------------ a directory's listing
+def resolve(path: str) -> epath.Path:
+  """A run dir (holding checkpoints/) or a checkpoint dir; raises FileNotFoundError otherwise."""
+  given = absolute(path)
+  for candidate in (given / "checkpoints", given):
+    steps, interrupted = step_dirs(candidate)
+    if steps or interrupted or (candidate / DAMAGED_DIR).is_dir():
+      return candidate
+  raise FileNotFoundError(f"{path} holds no checkpoints (looked for step directories in {given / 'checkpoints'} and {given})")
+
+
+def human_size(num_bytes: int) -> str:
+  for unit in ("B", "KiB", "MiB", "GiB"):
+    if num_bytes < 1024 or unit == "GiB":
+      return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+    num_bytes /= 1024
+  raise AssertionError("unreachable")
+
+
+def _meta_cells(step_dir: epath.Path, step: int) -> dict:
+  try:
+    return {k: str(v) for k, v in read_meta(step_dir, step).to_json().items()}
+  except DamagedCheckpoint:
+    return {}
+
+
+def _step_row(step: int, step_dir: epath.Path, deep: bool) -> dict:
+  row = {"step": str(step), "size": human_size(sum(list_files(step_dir).values())), "ok": False,
+         **_meta_cells(step_dir, step)}
+  try:
+    _, saved = check_files(step_dir, step)
+    if deep:
+      tree, _ = restore_to_host(step_dir, step)
+      arrays = jax.tree.leaves(tree)
+      row["health"] = f"ok (read {len(arrays)} arrays, {human_size(sum(a.nbytes for a in arrays))})"
+    elif (step_dir / RECORD).exists():
+      row["health"] = f"ok ({len(saved)} arrays, file sizes as saved; --deep checks contents)"
+    else:
+      row["health"] = f"ok? ({len(saved)} arrays; no file record, data unchecked: use --deep)"
+    row["ok"] = True
+  except DamagedCheckpoint as d:
+    row["health"] = f"DAMAGED: {d.detail}"
+  return row
+
+
+def rows(directory: epath.Path, deep: bool = False) -> list[dict]:
+  """One dict per committed step, moved-aside step and interrupted save (string values, plus `ok`)."""
+  steps, interrupted = step_dirs(directory)
+  table = [_step_row(step, path, deep) for step, path in steps.items()]
+  aside = directory / DAMAGED_DIR
+  for path in sorted(aside.iterdir()) if aside.is_dir() else ():
+    if path.is_dir():
+      reason = epath.Path(f"{path}{REASON_SUFFIX}")
+      why = reason.read_text().strip() if reason.exists() else path.name
+      step = path.name.split("-")[0]
+      table.append({"step": step, "size": human_size(sum(list_files(path).values())),
+                    "health": f"moved aside to {DAMAGED_DIR}/{path.name}: {why}", "ok": True,
+                    **(_meta_cells(path, int(step)) if step.isdigit() else {})})
+  for path in interrupted:
+    table.append({"step": path.name.split(".")[0], "size": human_size(sum(list_files(path).values())),
+                  "health": f"interrupted save {path.name} (never committed; ignored)", "ok": True})
+  return table

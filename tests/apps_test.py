@@ -13,7 +13,7 @@ import pytest
 import transformers
 
 from configs import arithmetic as arithmetic_config
-from oapl_jax import checkpoint_files, checkpoints, parallel, run_dir, serve
+from oapl_jax import checkpoint_files, checkpoints, parallel, run_dir
 from oapl_jax.apps import checkpoints as checkpoints_app
 from oapl_jax.apps import eval as eval_app
 from oapl_jax.apps import export as export_app
@@ -21,6 +21,7 @@ from oapl_jax.apps import serve as serve_app
 from oapl_jax.models import hf
 from oapl_jax.rl import trainer
 from oapl_jax.run import assemble, schema
+from oapl_jax.sampler.engine import InvalidRequest
 from oapl_jax.tasks import arithmetic, records_task
 
 
@@ -79,7 +80,7 @@ def test_eval_reports_beside_the_run(run_path, saved_run):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_serve_builds_an_engine_on_the_saved_params(run_path, saved_run, dtype):
   _, params = saved_run
-  engine = serve.build_engine(*serve_app.parse([
+  engine = serve_app.build_engine(*serve_app.parse([
       "--checkpoint", run_path, "--dtype", dtype, "--slots", "2", "--max_prefill_length", "16",
       "--max_decode_length", "4"]))
   snapshot = engine.load_params()
@@ -88,7 +89,7 @@ def test_serve_builds_an_engine_on_the_saved_params(run_path, saved_run, dtype):
   assert all(x.dtype == np.dtype(dtype) for x in jax.tree.leaves(snapshot))
   # Text is encoded as the run's prompts were: <bos>, then the arithmetic characters.
   assert engine.check_prompt_text("12+34=") == [1, *arithmetic.CharTokenizer().encode("12+34=")]
-  with pytest.raises(serve.InvalidRequest, match="cannot be encoded .*UNK"):
+  with pytest.raises(InvalidRequest, match="cannot be encoded .*UNK"):
     engine.check_prompt_text("what is 1+1?")
 
 

@@ -315,7 +315,7 @@ def test_claims_from_synthetic_runs_by_hand():
 
 
 def test_split_task_named_and_halved(tmp_path):
-  from oapl_jax import config_base
+  from oapl_jax.run import config_base
   from experiments import split_task
   data = "examples/sort_letters"
   records = config_base.records_task(train_path=f"{data}/train.jsonl", reward="examples.sort_letters.reward:score",
@@ -335,7 +335,7 @@ def test_split_task_named_and_halved(tmp_path):
 
 
 def test_hard_tail_halves():
-  from oapl_jax import config_base
+  from oapl_jax.run import config_base
   base = config_base.arithmetic_task(2, 512, 256)
   base.teacher_slip_rate = 0.5
   task, tests = hard_tail_task.build(dict(base=base, num_val=16, num_test=32, hard_slip_rate=1.0))

@@ -1,4 +1,4 @@
-"""oapl_jax.export: a run exported and run by transformers alone (AutoTokenizer encodes our prompts' ids, greedy
+"""oapl_jax.run.export: a run exported and run by transformers alone (AutoTokenizer encodes our prompts' ids, greedy
 generate equals ours), a trained arithmetic run likewise, and a run started from an HF checkpoint with a tokenizer
 (AutoTokenizer round trip, logits)."""
 import json
@@ -11,8 +11,8 @@ import torch
 import transformers
 
 from configs import arithmetic
-from oapl_jax.run import assemble, schema
-from oapl_jax import checkpoint_files, checkpoints, config_base, export, parallel, run_dir
+from oapl_jax import checkpoint_files, checkpoints, parallel, run_dir
+from oapl_jax.run import assemble, config_base, export, schema
 from oapl_jax.apps import eval as eval_cli
 from oapl_jax.apps import export as export_app
 from oapl_jax.models import decoder, factory, hf

@@ -170,7 +170,7 @@ def is_mesh(v):
           and list(v).count(-1) <= 1)
 
 
-# Each field's valid values as documented (config_base.py, the loss settings, the sampler): the reference
+# Each field's valid values as documented (run/config_base.py, the loss settings, the sampler): the reference
 # the validator is held to. A value outside them must be reported under its own field.
 SPEC = {
     **{f"loop.{k}": lambda v: is_int(v, 1) for k in ("sync_every", "steps_per_rollout", "num_syncs", "batch_prompts",

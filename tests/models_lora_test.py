@@ -10,12 +10,12 @@ import peft
 import pytest
 import torch
 
-from oapl_jax import checkpoint_files, export, objectives, parallel, sections
+from oapl_jax import checkpoint_files, objectives, parallel, sections
 from oapl_jax.models import api, decoder, hf, lora
 from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import loop, trainer
 from oapl_jax.rl.optim import OptimConfig
-from oapl_jax.run import assemble, check, schema
+from oapl_jax.run import assemble, check, policy, schema
 from benchmarks import train_bench
 from tests import hf_fixtures
 from tests.loop_test import tiny_config
@@ -160,7 +160,7 @@ def test_lora_run_saves_only_adapters_resumes_exactly_and_exports_merged(tmp_pat
   _, saved = checkpoint_files.check_files(step_dir, 6)
   assert any(".lora_a" in k for k in saved) and not any(k.endswith(".kernel") for k in saved)
 
-  weights = export.read_params(full)  # what export, eval and serve read: merged, plain model params
+  weights = policy.from_run(full)  # what export, eval and serve read: merged, plain model params
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), weights.params, final_policy)
 
 

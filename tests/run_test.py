@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from configs import arithmetic, code, own_task
-from oapl_jax import config_base, sections
+from oapl_jax import sections
+from oapl_jax.run import config_base
 from oapl_jax.models import api, factory
 from oapl_jax.models.execution import Execution
 from oapl_jax.models.qwen.config import QwenConfig

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from oapl_jax import serve
 from oapl_jax.apps import serve as serve_app
 from oapl_jax.sampler import engine as engine_lib
-from oapl_jax.sampler import rollout
+from oapl_jax.sampler import rollout, server
 from oapl_jax.sampler.settings import SamplingSettings
 from jetstream.core import orchestrator  # noqa: E402  (engine_lib installed jetstream_compat)
 from jetstream.core.proto import jetstream_pb2  # noqa: E402
@@ -100,11 +99,11 @@ def test_jetstream_orchestrator_drives_engine(checkpoint, thread_errors):
   """JetStream's Driver + LLMOrchestrator.Decode (in-process, no port) return our greedy tokens."""
   path, _ = checkpoint
   stops = [100, 101, 102]
-  engine = serve.build_engine(*serve_app.parse([
+  engine = serve_app.build_engine(*serve_app.parse([
       "--checkpoint", path, "--dtype", "float32", "--slots", "2", "--max_prefill_length", "16",
       "--max_decode_length", str(NEW), "--stop_tokens", *map(str, stops)]))
   assert engine.max_concurrent_decodes == 2 and list(engine.stop_tokens) == stops
-  driver = serve.build_driver(engine)
+  driver = server.build_driver(engine)
   client = orchestrator.LLMOrchestrator(driver=driver)
   max_tokens = [NEW, 5, NEW, 3]
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from oapl_jax import checkpoint_files, checkpoints, export, parallel, serve
+from oapl_jax import checkpoint_files, checkpoints, parallel
 from oapl_jax.apps import serve as serve_app
+from oapl_jax.models import factory
 from oapl_jax import run_dir as run_dir_lib
 from oapl_jax.rl import trainer
 from oapl_jax.run import schema
@@ -206,7 +207,7 @@ def test_listens_on_loopback_only(server):
 def _save_run(run_dir, cfg, steps):
   """A run's checkpoints/ as loop.train writes them: a TrainState per step (random params, seeded by step)."""
   layout = parallel.Layout.single_device()
-  model = export.model_of(schema.from_config(cfg))  # the typed config, as read_params builds it
+  model = factory.model_of(schema.from_config(cfg).model)  # the typed config, as run/policy builds it
   shapes = jax.eval_shape(lambda: nn.unbox(model.init_params(jax.random.PRNGKey(0))))
   ckpt = checkpoints.Checkpointer(os.path.join(run_dir, "checkpoints"))
   states = {}
@@ -232,9 +233,9 @@ def test_serves_a_run_directory(tmp_path):
   flags = ["--checkpoint", run_dir, "--dtype", "float32", "--slots", "4", "--max_prefill_length", "16",
            "--max_decode_length", "6"]
   with pytest.raises(FileNotFoundError, match="--config"):
-    serve.build_engine(*serve_app.parse(flags))  # no config.json recorded and no --config
+    serve_app.build_engine(*serve_app.parse(flags))  # no config.json recorded and no --config
 
-  engine = serve.build_engine(*serve_app.parse(flags + ["--config", os.path.join(REPO, "configs/arithmetic.py")]))
+  engine = serve_app.build_engine(*serve_app.parse(flags + ["--config", os.path.join(REPO, "configs/arithmetic.py")]))
   snapshot = engine.load_params()  # the newest step's params, cast and laid out for decoding
   _assert_trees_equal(snapshot, engine.sampler.prepare(states[20].params))
   with pytest.raises(AssertionError):  # the comparison can tell the two steps apart
@@ -244,7 +245,7 @@ def test_serves_a_run_directory(tmp_path):
     engine.check_prompt_ids([cfg.model.overrides["vocab_size"]])  # the run's vocabulary, not the HF default
 
   run_dir_lib.record_config(run_dir, cfg)  # as oapl_jax.main does at start
-  engine = serve.build_engine(*serve_app.parse(flags + ["--step", "10"]))
+  engine = serve_app.build_engine(*serve_app.parse(flags + ["--step", "10"]))
   _assert_trees_equal(engine.load_params(), engine.sampler.prepare(states[10].params))
   with pytest.raises(ValueError, match="no checkpoint at step 30"):
-    serve.build_engine(*serve_app.parse(flags + ["--step", "30"]))
+    serve_app.build_engine(*serve_app.parse(flags + ["--step", "30"]))

@@ -7,7 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from oapl_jax import config_base, sections
+from oapl_jax import sections
+from oapl_jax.run import config_base
 from oapl_jax.run import assemble, check, schema
 from oapl_jax.tasks import base, factory, records_task, rewards, sources
 from oapl_jax.tasks.char_tokenizer import EOS

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from oapl_jax import config_base
+from oapl_jax.run import config_base
 from oapl_jax.tasks import factory, rewards
 
 

@@ -1,4 +1,4 @@
-"""Write a Hugging Face directory from any checkpoint of a run (oapl_jax/export.py does the work).
+"""Write a Hugging Face directory from any checkpoint of a run (oapl_jax/run/export.py does the work).
 
   oapl-export runs/demo /tmp/demo_hf                 # the newest checkpoint
   oapl-export runs/demo /tmp/demo_hf --step 40       # a given one (oapl-checkpoints list runs/demo)
@@ -16,7 +16,7 @@ from oapl_jax.apps import cli
 
 cli.prepare_host()
 
-from oapl_jax import export  # noqa: E402
+from oapl_jax.run import export  # noqa: E402
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -6,7 +6,7 @@
 
 The engine has its own mesh and logical-axis rules (they may differ from the trainer's); `refresh`
 reshards the trainer's params onto them device-side. JetStream's orchestrator drives it through
-prefill / insert / generate (see oapl_jax/serve.py); the RL loop uses sampler/rollout.py, which
+prefill / insert / generate (see oapl_jax/sampler/server.py); the RL loop uses sampler/rollout.py, which
 takes this engine or its `.sampler`.
 
 Per-request sampling settings do not exist in JetStream 0.2.2's API, so temperature / top-p /

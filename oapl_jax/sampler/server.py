@@ -1,34 +1,26 @@
-"""Serve a Qwen model over gRPC with JetStream's orchestrator and our SamplerEngine.
+"""JetStream's gRPC orchestrator over a SamplerEngine, every request checked before JetStream sees it.
 
-    engine = build_engine(args)          # args: apps/serve.py's flags (oapl-serve)
-    server = Server(engine, host="127.0.0.1", port=9000)
+    server = Server(engine, host="127.0.0.1", port=9000)   # engine: a SamplerEngine (oapl-serve: apps/serve.py)
+    server.wait_for_termination(); server.stop()
 
 Clients speak JetStream's `Orchestrator.Decode` (jetstream/core/proto/jetstream.proto): text when
 the model has a tokenizer (HF files, or a run's character tokenizer), token ids (or text of ids)
-otherwise. Sampling settings are server flags (JetStream 0.2.2 has no per-request sampling
+otherwise. Sampling settings are the engine's (JetStream 0.2.2 has no per-request sampling
 parameters); max_tokens is per request.
 
 JetStream's driver threads SIGKILL their own process on any exception, so every request is
 checked on the gRPC side first (`check_request`): a bad one (empty, too long, ids outside the
 vocabulary, text without tokenizer files, max_tokens outside 1..max_decode_length) gets
 INVALID_ARGUMENT with the reason, and only that client sees it. Nothing is truncated or clamped.
-The server binds --host (127.0.0.1 by default; 0.0.0.0 or :: to listen on every interface).
 """
-import argparse
 import asyncio
 import logging
 import threading
-from typing import Optional
 
 import grpc
-import jax
 
-from oapl_jax import checkpoint_files, export, parallel
-from oapl_jax.run import policy
 from oapl_jax.sampler import jetstream_compat  # noqa: F401  (must precede jetstream.core)
-from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine, load_tokenizer
-from oapl_jax.sampler.settings import SamplingSettings
-from oapl_jax.tasks.char_tokenizer import CharTokenizer
+from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine
 
 _root_level = logging.getLogger().level
 from jetstream.core import orchestrator  # noqa: E402
@@ -39,48 +31,6 @@ logging.getLogger().removeHandler(orchestrator.handler)
 logging.getLogger().setLevel(_root_level)
 
 
-# ------------------------------------------------------------------------------ the engine
-def _run_engine(run: str, args: argparse.Namespace, cfg, settings: SamplingSettings,
-                **engine_kwargs) -> SamplerEngine:
-  """An engine over checkpoint --step (default: the newest) of a run directory, with the run's config
-  (`cfg`; None: the one it recorded). Text is encoded as the run's prompts were (HF tokenizer files, or the
-  character tokenizer's HF form, <bos> first); a run whose tokenizer has neither takes token ids, and a sample
-  stops at the run's EOS (unless --stop_tokens says otherwise)."""
-  weights = policy.policy(run, config=cfg, step=args.step)  # params only, no optimizer state
-  cfg = weights.config
-  run_tokenizer = export.run_tokenizer(cfg)
-  source = export.tokenizer_source(run_tokenizer)
-  if source:
-    tokenizer, described = load_tokenizer(source), source
-  elif isinstance(run_tokenizer, CharTokenizer):
-    tokenizer, described = run_tokenizer.to_hf(), f"the {run_tokenizer.name} character tokenizer"
-  else:
-    tokenizer, described = None, "none (token ids)"
-  if tokenizer is None and not settings.stop_tokens:
-    settings = settings.replace(stop_tokens=(run_tokenizer.eos_id,))
-  logging.info("oapl-serve: %s, checkpoint step %d (%d sync windows), tokenizer: %s", run,
-               weights.step, weights.meta.syncs_done, described)
-  model = weights.model.with_execution(param_dtype=args.dtype, dtype=args.dtype, remat=False)
-  return SamplerEngine(model, params=weights.params, tokenizer=tokenizer, settings=settings, **engine_kwargs)
-
-
-def build_engine(args: argparse.Namespace, cfg=None) -> SamplerEngine:
-  """The engine apps/serve.py's flags ask for; `cfg`: a run directory's config from --config (else recorded)."""
-  devices = jax.devices()[:args.tensor_parallel]
-  layout = parallel.Layout(parallel.make_mesh((1, 1, len(devices)), devices=devices))
-  settings = SamplingSettings(max_new_tokens=args.max_decode_length, temperature=args.temperature,
-                              top_p=args.top_p, top_k=args.top_k, stop_tokens=args.stop_tokens or ())
-  common = dict(layout=layout, max_concurrent_decodes=args.slots, max_prefill_length=args.max_prefill_length,
-                seed=args.seed)
-  path = str(checkpoint_files.absolute(args.checkpoint))  # as the user typed it: relative, or with ~
-  if policy.is_run_dir(path):
-    return _run_engine(path, args, cfg, settings, **common)
-  if cfg is not None or args.step is not None:
-    raise ValueError(f"--config and --step are for run directories; {path} has no checkpoints/ directory")
-  return SamplerEngine.from_checkpoint(path, dtype=args.dtype, settings=settings, **common)
-
-
-# ------------------------------------------------------------------------------ requests
 def check_request(engine: SamplerEngine, request: jetstream_pb2.DecodeRequest) -> list[int]:
   """The prompt ids a DecodeRequest puts before the model, or InvalidRequest saying what is wrong."""
   if request.session_cache:

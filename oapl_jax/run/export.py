@@ -10,35 +10,26 @@ encoded with, and export_info.json (which run, step and tokenizer). The tokenize
 copied (task.tokenizer_dir); a character tokenizer (tasks/char_tokenizer.py) is written as a tokenizer.json whose
 encoding starts with <bos>, as the run's prompts did; any other is refused unless weights_only. The run's config
 comes from RUN_DIR/config.json (run_dir.record_config) or --config; the task's data and reward are not read.
+run_tokenizer and tokenizer_source are also how oapl-serve (apps/serve.py) encodes a run's text.
 
-Only the params are read from the checkpoint (not the optimizer state), into host memory on one device. A LoRA
-run's adapters are merged into its frozen base (RUN/lora_base), so what is written is a plain HF model.
+Only the params are read from the checkpoint (run/policy.py; not the optimizer state), into host memory on one
+device. A LoRA run's adapters are merged into its frozen base (RUN/lora_base), so what is written is a plain HF model.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import jax
 
-from oapl_jax.models import api, factory, hf
+from oapl_jax.models import hf
 from oapl_jax.run import policy
 from oapl_jax.run.schema import RunConfig
 from oapl_jax.tasks import arithmetic, chain_task, char_tokenizer, code_task, records_task
 from oapl_jax.tasks.factory import build_task
 from oapl_jax.tasks.templates import ChatTokenizer
-
-
-def model_of(cfg: RunConfig) -> api.CausalLM:
-  """The run's model (architecture and execution) without weights."""
-  return factory.model_of(cfg.model)
-
-
-def read_params(run: str, step: Optional[int] = None, cfg: Optional[RunConfig] = None) -> policy.Policy:
-  """Checkpoint `step` (default: the newest) of run directory `run` as a plain model's params (run/policy.py)."""
-  return policy.from_run(run, step, cfg)
 
 
 def _task_field(cfg, name: str) -> Any:

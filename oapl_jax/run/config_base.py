@@ -1,7 +1,8 @@
 """What every experiment config (configs/*.py) starts from. The defaults are not written here: each section's
 live on its typed dataclass (run/schema.py names the owner of each), and this reads them.
 
-It lives in the package so config files import it however they are loaded (python -m, oapl-train, Colab)."""
+It lives in the package (beside run/schema.py, whose defaults it hands out) so config files import it however they are
+loaded (python -m, oapl-train, Colab): `from oapl_jax.run import config_base`."""
 from ml_collections import ConfigDict
 
 from oapl_jax.run import schema
