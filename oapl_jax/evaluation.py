@@ -8,39 +8,32 @@ import numpy as np
 
 from oapl_jax import sections
 from oapl_jax.sampler import core, rollout
-from oapl_jax.sampler.settings import SamplingSettings
+from oapl_jax.sampler.settings import SamplingFields, SamplingSettings
 
 SEED_OFFSET = 7919  # an eval's sampling seed is the run's seed + this (apart from the rollouts' draws)
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(SamplingFields):
   """The `eval` section: the first num_prompts of each of the task's eval sets, `samples` per prompt,
-  pass@k for each k in ks, at these sampling settings (the paper's: T 0.6, top-p 0.95). every_steps = N > 0
-  also scores the trainer's current policy every N trainer steps, whatever the lag (rl/policy_eval.py)."""
+  pass@k for each k in ks, at these sampling settings (sampler/settings.SamplingFields; the paper's eval
+  differs in T 0.6 and top-p 0.95). every_steps = N > 0 also scores the trainer's current policy every N
+  trainer steps, whatever the lag (rl/policy_eval.py)."""
+  temperature: float = sections.rule(0.6, low=0)
+  top_p: float = sections.rule(0.95, low=0, high=1, low_open=True)
   num_prompts: int = sections.rule(1_000_000, low=1)
   samples: int = sections.rule(10, low=1)
   ks: tuple[int, ...] = sections.rule((1, 5, 10), low=1, nonempty=True)
-  temperature: float = sections.rule(0.6, low=0)
-  top_p: float = sections.rule(0.95, low=0, high=1, low_open=True)
-  max_new_tokens: int = sections.rule(1024, low=1)
-  top_k: int = sections.rule(0, low=0)
-  steps_per_sync: int = sections.rule(16, low=1)
-  grow_cache: bool = True
   every_steps: int = sections.rule(0, low=0)
 
   def __post_init__(self):
-    sections.enforce(self)
+    super().__post_init__()
     if max(self.ks) > self.samples:
       raise ValueError(f"eval.ks={self.ks}: pass@k needs k <= eval.samples={self.samples}")
 
-  def sampling(self, stop_tokens=()) -> SamplingSettings:
-    return SamplingSettings(self.max_new_tokens, self.temperature, self.top_p, self.top_k, stop_tokens,
-                            self.steps_per_sync, self.grow_cache)
-
   def probe_sampling(self, stop_tokens=()) -> SamplingSettings:
     """The entropy probe's: the policy itself, T = 1, top-p 1, no top-k, the eval's length budget."""
-    return SamplingSettings(self.max_new_tokens, 1.0, 1.0, 0, stop_tokens, self.steps_per_sync, self.grow_cache)
+    return self.sampling(stop_tokens, temperature=1.0, top_p=1.0, top_k=0)
 
 
 def _pass_at_k_P(n: int, c_P: np.ndarray, k: int) -> np.ndarray:
