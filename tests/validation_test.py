@@ -1,4 +1,5 @@
-"""Tests for oapl_jax.validation: every config rule with its message, problem sets, the shipped configs."""
+"""Tests for the checks before compute (run/check.py, tasks/problem_checks.py): every config rule with its message,
+problem sets, the shipped configs."""
 import copy
 import json
 import logging
@@ -178,7 +179,7 @@ def test_model_dimension_that_the_mesh_cannot_split():
 
 def test_warnings_are_returned_not_raised(caplog):
   cfg = config_with({"trainer.optim.lr": 10.0, "eval.max_new_tokens": 60})
-  with caplog.at_level(logging.WARNING, logger="oapl_jax.validation"):
+  with caplog.at_level(logging.WARNING, logger="oapl_jax.run.check"):
     warnings = check.validate(cfg)
   assert warnings == [
       "trainer.optim.lr=10.0: unusually large for AdamW (typical 1e-6 .. 1e-3); expect divergence",

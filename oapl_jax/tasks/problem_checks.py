@@ -5,7 +5,7 @@
     task, counts = validate_task(task, Demands(max_prompt_tokens=1024, policy=ValidationConfig()))
 
 Errors are sources.DataError naming the set and the file and line (or record); skips and duplicates are
-counted and logged. Re-exported by oapl_jax.validation, the one entry point for checks before compute.
+counted and logged. run/assemble.build_task runs validate_task on every entry point's task, before any model is built.
 """
 from __future__ import annotations
 
