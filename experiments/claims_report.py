@@ -200,14 +200,16 @@ def pairing_problems(study: plan.Study, runs_dir: str, runs) -> list[str]:
 
 
 def _wall_lines(runs_dir: str, study: plan.Study, state: claims.State, elapsed: Optional[float]) -> list[str]:
-  finals = [results.read_json(os.path.join(d, results.FINAL_EVAL)) for d, _, files in os.walk(runs_dir)
-            if results.FINAL_EVAL in files]
-  warm = (state.warm or {}).get("wall_seconds", 0.0)
+  finals = [results.read_json(os.path.join(d, results.FINAL_EVAL))
+            for d, _, files in os.walk(os.path.join(runs_dir, study.name)) if results.FINAL_EVAL in files]
+  build = (state.warm or {}).get("build_seconds", float("nan"))  # from the warm start's record (made once)
+  warm = (state.warm or {}).get("wall_seconds", 0.0)  # what the study spent on it: the build if it made it, the eval
   total = sum(f["wall_seconds"] for f in finals) + warm
   per_step = [f["train_seconds"] / f["trainer_steps"] for f in finals if f.get("trainer_steps")]
   median = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
-  lines = ["## Wall time", "", f"{len(finals)} runs: {total / 60:.1f} min of run time, the warm start included "
-           f"({warm / 60:.1f} min); per run {median([f['wall_seconds'] for f in finals]):.0f} s median, "
+  lines = ["## Wall time", "", f"{len(finals)} runs of {study.name}: {total / 60:.1f} min of run time with the "
+           f"warm start's {warm / 60:.1f} min (its record: built in {build / 60:.1f} min; less here means it was "
+           f"reused and only evaluated); per run {median([f['wall_seconds'] for f in finals]):.0f} s median, "
            f"{median(per_step):.2f} s per trainer step (evals and the test eval included)."]
   if elapsed is not None:
     lines.append(f"This invocation: {elapsed / 60:.1f} min.")
