@@ -220,8 +220,9 @@ def _command_lines(study: plan.Study, runs_dir: str, runs, state: claims.State) 
   cells = [r.cell for by_seed in runs.values() for r in by_seed.values()]
   cells += [c for loss, scores in state.tuning.items() for c in plan.tuning_cells(study, loss, sorted(scores))]
   cells += [c for c in plan.pilot_cells(study) if c not in cells]
-  which = f"--task {study.name}" if study.config.startswith("configs/claims.py") else \
-      f"--config {study.config.split(':', 1)[1]}"
+  wrapped = os.path.relpath(plan.TASK_CONFIG, plan.REPO) + ":"
+  user_spec = study.config[len(wrapped):] if study.config.startswith(wrapped) else study.config
+  which = f"--task {study.name}" if study.name in plan.NAMED_TASKS else f"--config {user_spec.removesuffix(',smoke')}"
   warm = claims.warm_dir_of(runs_dir, study)
   lines = ["## Rerunning one cell", "",
            f"The harness, training and the test eval: `python -m experiments.study {which} --out <dir> --runs "
