@@ -175,7 +175,8 @@ def test_run_from_hf_checkpoint_exports_its_tokenizer(tmp_path):
   state = trainer.create_train_state(trainer.TrainConfig(), model, params, layout)
   moved = jax.tree.map(lambda x: x + 0.01 * jax.random.normal(jax.random.PRNGKey(1), x.shape), state.params)
   saver = checkpoints.Checkpointer(f"{workdir}/checkpoints")
-  saver.save(7, state.replace(params=moved), checkpoint_files.Meta(syncs_done=3, snapshot_version=4, data_position=96, seed=0))
+  saver.save(7, state.replace(params=moved),
+             checkpoint_files.Meta(syncs_done=3, snapshot_version=4, data_position=96, seed=0))
   saver.close()
   run_dir.record_config(workdir, cfg)
 

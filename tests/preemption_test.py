@@ -105,7 +105,8 @@ def test_a_signal_in_the_final_eval_ends_the_run_without_it(tmp_path, full):
     written = json.load(f)
   assert written["final_eval"] == summary["final_eval"] and not any(k.endswith("(end)") for k in written)
   assert not [k for step, k, _ in _values(stopped) if step == 10 and k.startswith("eval/")]
-  assert sorted(checkpoint_files.step_dirs(checkpoint_files.absolute(os.path.join(stopped, "checkpoints")))[0]) == [5, 10]
+  steps, _ = checkpoint_files.step_dirs(checkpoint_files.absolute(os.path.join(stopped, "checkpoints")))
+  assert sorted(steps) == [5, 10]
 
   summary = loop.train(assemble.setup(_config(), stopped))  # the same call again: only the final eval
   assert "stopped_by" not in summary and "final_eval" not in summary and "eval/held_out/pass@1 (end)" in summary

@@ -1,6 +1,6 @@
 """One loader of a model for sampling: a run's checkpoint, a Hugging Face directory, or a config's warm start.
-Eval (apps/eval.py), serve (apps/serve.py), export (run/export.py) and the shared warm start (apps/sweep_warmstart.py; the
-study's experiments/claims.warm_start) all call it.
+Eval (apps/eval.py), serve (apps/serve.py), export (run/export.py) and the shared warm start
+(apps/sweep_warmstart.py; the study's experiments/claims.warm_start) all call it.
 
     p = policy("runs/demo")                        # the newest checkpoint, with the run's recorded config
     p = policy("runs/demo", step=40, config=rc)    # checkpoint 40, with rc's task and eval settings
