@@ -2,7 +2,7 @@
 
   oapl-eval runs/demo                                   # the run's config and eval sets, newest checkpoint
   oapl-eval runs/demo --step 40 --samples 16 --ks 1,4,16 --num_prompts 100
-  oapl-eval /tmp/demo_hf --config configs/arithmetic.py # an export (or any HF Qwen directory)
+  oapl-eval /tmp/demo_hf --config configs/arithmetic.py # an export (or any HF Qwen or Llama directory)
   oapl-eval /ckpt/Qwen3-4B --config configs/math.py --sets aime25=data/aime25.jsonl hmmt=data/hmmt25.parquet
 
 The config says the task (prompts, tokenizer, reward) and the eval sampling (cfg.eval); flags override

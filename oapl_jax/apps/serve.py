@@ -1,4 +1,4 @@
-"""Serve a Qwen model over gRPC with JetStream's orchestrator and our SamplerEngine (oapl_jax/sampler/server.py).
+"""Serve a Qwen or Llama model over gRPC with JetStream's orchestrator and our SamplerEngine (oapl_jax/sampler/server.py).
 
   oapl-serve --checkpoint /ckpt/Qwen3-4B --port 9000 --slots 32          # an HF directory
   oapl-serve --checkpoint runs/demo --port 9000                          # a run: its newest checkpoint
@@ -75,7 +75,7 @@ def parse(argv: Optional[Sequence[str]] = None):
   """(flags, the --config ConfigDict or None)."""
   p = cli.parser("oapl-serve", __doc__)
   p.add_argument("--checkpoint", required=True,
-                 help="an HF Qwen2/2.5/3 directory (config.json + safetensors), or a run directory (one of its "
+                 help="an HF Qwen2/2.5/3 or Llama 3 directory (config.json + safetensors), or a run directory (one of its "
                       "checkpoints, see --step)")
   p.add_argument("--step", type=int, default=None, help="run directories: the checkpoint step (default: the newest)")
   cli.add_config(p)  # run directories: the config the run was started with (default: RUN_DIR/config.json)
