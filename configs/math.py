@@ -39,7 +39,7 @@ def get_config(arg: str = "") -> ConfigDict:
   #   "offload_layer_input", 2 micro-batches:       35.8 GiB, 25.3 GiB of layer inputs in pinned host memory, moved
   #                                                 out and back each micro-batch (101.2 GiB a step): 128.8 s
   #   "save_dots_no_batch", 2 micro-batches:        asks 321.1 GiB of temporaries: no fit (109.9 s if it did)
-  #   "full", 2 micro-batches:                      76.7 GiB (at 702dc4b): no room for the sampler's 21.2 GiB
+  #   "full", 2 micro-batches:                      77.0 GiB: no room for the sampler's 21.2 GiB
   # (the sampler's share is the decode program's arguments, snapshot + KV cache, at d0d808e).
   # The offload policy saves HBM, not time: pick it (with micro_batches=2) where HBM is short; model.mlp_chunks=4
   # cuts the peak further for one more MLP forward per layer.

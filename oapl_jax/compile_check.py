@@ -26,9 +26,8 @@ XLA's own count (the XLA FLOPs column) is per program with every loop body once:
 holds 1/M of the step, the layer scans one layer, and on an FSDP mesh each layer matmul is itself a windowed loop
 (configs/math.py on v5p-64: 16 trips, one per pair of the 32 weight shards). Under remat_policy="offload_layer_input"
 XLA also peels one iteration out of each layer scan (forward and backward; the loops then run L - 1 times) and
-counts it beside the body: the same per-step work reads as about twice "full"'s at equal M (math on v5p-64: 1.09e14
-per chip at M = 2 against 2.87e13 for "full" at M = 4, i.e. 2x for M and 1.9x for the peeled layer). Compare
-policies by the analytic count, not XLA's.
+counts it beside the body: the same per-step work reads as about twice "full"'s at equal M (math on v5p-64, M = 2:
+1.09e14 per chip against 5.54e13; "full" at M = 4: 2.87e13). Compare policies by the analytic count, not XLA's.
 
 Host transfers. A remat policy that offloads (offload_layer_input) keeps the layer scan's saved inputs in pinned
 host memory: XLA's memory analysis gives that buffer (host temporaries, one micro-batch's [L, sequences, T, E]);
