@@ -56,10 +56,13 @@ def main(argv=None) -> int:
     grid = scores(runner, loss, study.grid(loss))
     extra = scores(runner, loss, added.get(loss, []))
     every = {s: v for s, v in {**grid, **extra}.items() if v is not None}
-    old = tuning.choose({s: v for s, v in grid.items() if v is not None})
-    chosen[loss] = tuning.choose(every)
-    print(f"[extend] {loss}: grid winner {old} AUC {grid[old]:.4f}; extended winner {chosen[loss]} AUC "
-          f"{every[chosen[loss]]:.4f}", flush=True)
+    ran = {s: v for s, v in grid.items() if v is not None}
+    if not ran or not every:  # a check directory that holds only the added points
+      print(f"[extend] {loss}: the grid has not run here", flush=True)
+    else:
+      old, chosen[loss] = tuning.choose(ran), tuning.choose(every)
+      print(f"[extend] {loss}: grid winner {old} AUC {grid[old]:.4f}; extended winner {chosen[loss]} AUC "
+            f"{every[chosen[loss]]:.4f}", flush=True)
     for s, v in sorted(extra.items()):
       print(f"[extend]   added {s}: AUC " + ("not run" if v is None else f"{v:.4f}"), flush=True)
   if not args.claim1:
