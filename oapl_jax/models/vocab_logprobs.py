@@ -54,8 +54,15 @@ def _forward(project, temperature, with_entropy, keep, w, h_RxCxE, targets_RxC):
   kept = (sum_RxC, _minus_at_targets(e_RxCxV, targets_RxC, sum_RxC).astype(logits_RxCxV.dtype)) if keep else ()
   if not with_entropy:
     return (logp_RxC, None), logz_RxC, kept
-  entropy_RxC = logz_RxC - jnp.sum(e_RxCxV * z_RxCxV, axis=-1) / sum_RxC
+  entropy_RxC = logz_RxC - _sum_last(e_RxCxV * z_RxCxV) / sum_RxC
   return (logp_RxC, entropy_RxC), logz_RxC, kept
+
+
+def _sum_last(x_RxCxV):
+  """Sum over the last axis, taken over the [R * C, V] view. XLA's CPU backend runs this multiply-sum as a YNNPACK
+  fusion that is ~6x slower on the 3-d [1, C, V] block than on its 2-d view (1.65 vs 0.26 s at C = 512,
+  V = 151,936 on an Intel AVX-512 host, 2026-11-27): the entropy's sum was ~16% of a real-width train step there."""
+  return jnp.sum(x_RxCxV.reshape(-1, x_RxCxV.shape[-1]), axis=-1).reshape(x_RxCxV.shape[:-1])
 
 
 def _minus_at_targets(x_RxCxV, targets_RxC, amount_RxC):
