@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -147,12 +146,10 @@ def test_a_bad_config_stops_before_the_warm_start(tmp_path, field, value, named)
     value = str(tmp_path / "bad.jsonl")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "dcba", "answer": "abcd"}\n{"prompt": "ba", \n')
   config = _bad_config(tmp_path, **{field: value})
-  start = time.time()
   proc = _study("--config", config, "--smoke", "--out", tmp_path / "report", "--runs", tmp_path / "runs")
   assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
   assert named in proc.stderr and proc.stderr.startswith("error: --config ")
   assert not glob.glob(str(tmp_path / "runs" / "*" / "warm_*")) and "[claims] run (" not in proc.stdout
-  assert time.time() - start < 600  # generous: the point is that no seed trained, checked just above
 
 
 def _params(directory):
