@@ -31,7 +31,7 @@ from experiments import claims, paired_stats, plan, results
 def parse_arm(text: str) -> tuple[str, dict]:
   name, *sets = shlex.split(text)
   from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
-  return name, dict(files._parse(s) for s in sets)  # pylint: disable=protected-access
+  return name, dict(files.parse_override(s) for s in sets)
 
 
 def run_one(study: plan.Study, overrides: dict, warm_dir: str, workdir: str) -> dict:

@@ -156,23 +156,31 @@ def study_config(task: Optional[str], config: Optional[str]) -> tuple[str, str]:
 
 
 def make_study(task: Optional[str] = None, config: Optional[str] = None, smoke: bool = False, secondary: bool = True,
-               steps: Optional[int] = None, seeds: Optional[Sequence[int]] = None) -> Study:
+               steps: Optional[int] = None, seeds: Optional[Sequence[int]] = None,
+               sets: Optional[dict] = None) -> Study:
   """The study of a named task (configs/claims.py) or of any config; the smoke: S = 4, lags 2 and 4, 2 seeds,
-  one tuning point per loss, a 5-step warm start, 8 validation prompts."""
+  one tuning point per loss, a 5-step warm start, 8 validation prompts. `sets` (dotted field -> value) reshape
+  the task for the study in every cell and the warm start (e.g. a smaller batch); they name the study's
+  directory too, so a reshaped study never resumes another's runs."""
   from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
   name, spec = study_config(task, config)
   if smoke and spec.startswith(os.path.relpath(CLAIMS_CONFIG, REPO)):
     spec += ",smoke"
-  cfg = files.load(spec)
+  sets = dict(sets or {})
+  if sets:
+    name += "_" + "_".join(f"{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else
+                           f"{key.rsplit('.', 1)[-1]}{value}" for key, value in sets.items())
+  cfg = files.load(spec, sets)
   batch = 4 if smoke else int(cfg.loop.batch_prompts)
   if smoke:
-    shared = (("warmstart.steps", min(int(cfg.warmstart.steps), 5)), ("eval.num_prompts", 8),
+    shared = (*sets.items(), ("warmstart.steps", min(int(cfg.warmstart.steps), 5)), ("eval.num_prompts", 8),
               ("loop.batch_prompts", batch))
     return Study(name, spec, True, steps=4, lag=2, long_lag=4, batch=batch, every_steps=2, shared=shared,
                  seeds=(0, 1), seed_rounds=(1, 2), learning_rates=(1e-4,), knob_points=1, secondary=False)
   from configs import claims as c  # pylint: disable=import-outside-toplevel
   every = int(cfg.eval.every_steps) or c.EVAL_EVERY_STEPS
-  study = Study(name, spec, False, steps or c.STEPS, c.LAG, c.LONG_LAG, batch, every, secondary=secondary)
+  study = Study(name, spec, False, steps or c.STEPS, c.LAG, c.LONG_LAG, batch, every, shared=tuple(sets.items()),
+                secondary=secondary)
   return dataclasses.replace(study, seeds=tuple(seeds)) if seeds else study
 
 

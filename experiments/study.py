@@ -6,6 +6,7 @@ start, then run (or resume) every cell in priority order, then write the report.
   python -m experiments.study --config configs/own_task.py --smoke --out /tmp/own    # CI size, minutes
   python -m experiments.study --task arithmetic --out reports/claims_v3 --stage tuning  # warm start, pilot, grid
   python -m experiments.study --task arithmetic --out reports/claims_v3 --collect   # report only
+  python -m experiments.study --config configs/own_task.py --set loop.batch_prompts=4 --out reports/own_b4  # reshaped
 
 --task NAME is configs/claims.py:NAME (arithmetic, hard_tail); --config FILE[:ARG] is the file a user trains with
 (experiments/task_config.py splits its eval sets into validation and test: sets named test* are the test).
@@ -35,13 +36,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--stage", choices=claims.STAGES, default="all",
                       help="stop after this stage (pilot: the warm start and the pilot; tuning: and the grid)")
   parser.add_argument("--seeds", help="main seeds, comma-separated (default 0..7)")
+  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                      help="reshape the task for the study (every cell and the warm start), e.g. loop.batch_prompts=4")
   parser.add_argument("--no_secondary", action="store_true", help="skip opmd, asymre and the beta1 probe")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
   try:
-    study = plan.make_study(args.task, args.config, smoke=args.smoke, secondary=not args.no_secondary, seeds=seeds)
+    from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+    sets = dict(files.parse_override(s) for s in args.set)
+    study = plan.make_study(args.task, args.config, smoke=args.smoke, secondary=not args.no_secondary, seeds=seeds,
+                            sets=sets)
   except Exception as e:  # pylint: disable=broad-except  # a bad path, variant or import in the config file
     print(f"error: {e}", file=sys.stderr)
     return 2

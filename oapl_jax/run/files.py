@@ -29,13 +29,13 @@ def load(config_spec: str, overrides: Mapping[str, Any] | Sequence[str] = ()) ->
   """get_config(arg) of the file, with overrides: {dotted key: value} or ['--config.a.b=value', ...]."""
   module, arg = load_module(config_spec)
   cfg = module.get_config(arg) if arg else module.get_config()
-  items = overrides.items() if isinstance(overrides, Mapping) else (_parse(o) for o in overrides)
+  items = overrides.items() if isinstance(overrides, Mapping) else (parse_override(o) for o in overrides)
   for key, value in items:
     override(cfg, key, value)
   return cfg
 
 
-def _parse(flag: str) -> tuple[str, Any]:
+def parse_override(flag: str) -> tuple[str, Any]:
   key, sep, text = flag.lstrip("-").partition("=")
   if not sep:
     raise ValueError(f"override {flag!r}: expected --config.FIELD=VALUE")
