@@ -381,3 +381,26 @@ def test_float32_math_for_bfloat16_inputs(name):
                                 {k: np.asarray(v, np.float32) for k, v in batch_bf16.items()}, settings)
   assert loss.dtype == jnp.float32 and all(v.dtype == jnp.float32 for v in metrics.values())
   np.testing.assert_allclose(loss, loss_32, rtol=1e-6)
+
+
+def test_oapl_members_only_equals_the_loss_on_the_group_without_the_others():
+  """demo_slots (loop.demo_use='sft'): a slot that is no member enters neither V* nor the mean, so the loss is
+  the paper's loss on the groups with those slots cut out (here: the last of G = 4)."""
+  rng = np.random.default_rng(7)
+  pol, samp = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
+  rewards = rng.integers(0, 2, size=(3, 4)).astype(np.float32)
+  member = np.array([[1, 1, 1, 0]] * 3, np.float32)
+  kw = dict(beta1=0.7, beta2=0.3)
+  cut, _ = obj.oapl_loss(pol[:, :3], samp[:, :3], rewards[:, :3], **kw)
+  masked, _ = obj.oapl_loss(pol, samp, rewards, member_BxG=member, **kw)
+  np.testing.assert_allclose(float(masked), float(cut), rtol=1e-6)
+  g_cut = jax.grad(lambda p: obj.oapl_loss(p, samp[:, :3], rewards[:, :3], **kw)[0])(pol[:, :3])
+  g_masked = jax.grad(lambda p: obj.oapl_loss(p, samp, rewards, member_BxG=member, **kw)[0])(pol)
+  np.testing.assert_allclose(np.asarray(g_masked)[:, :3], np.asarray(g_cut), rtol=1e-5)
+  assert not np.asarray(g_masked)[:, 3].any()  # the non-member gets no gradient from the regression
+  # V* over the members, by hand: beta1 * log(mean exp(r / beta1)) of the first three rewards
+  by_hand = 0.7 * np.log(np.mean(np.exp(rewards[:, :3] / 0.7), axis=-1))
+  np.testing.assert_allclose(np.asarray(obj.v_star_of_members(rewards, member, 0.7)), by_hand, rtol=1e-6)
+  # every sample a member: the paper's V*
+  np.testing.assert_allclose(np.asarray(obj.v_star_of_members(rewards, np.ones_like(member), 0.7)),
+                             np.asarray(obj.v_star(rewards, 0.7)), rtol=1e-6)

@@ -9,6 +9,7 @@ from configs import arithmetic as arithmetic_config
 from oapl_jax import parallel, sections
 from oapl_jax.models import api, decoder
 from oapl_jax.models.qwen.config import QwenConfig
+from oapl_jax.rl import buffer
 from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.run import check, schema
 from oapl_jax.sampler import core, rollout
@@ -75,4 +76,39 @@ def test_demonstrations_need_unfiltered_rollouts():
   cfg.loop.demo_fraction = 0.25
   cfg.sampler.top_p = 0.9
   with pytest.raises(sections.ConfigError, match=r"loop.demo_fraction=0.25: needs unfiltered rollouts"):
+    check.check(schema.from_config(cfg))
+
+
+def test_as_sft_the_chunk_marks_the_replaced_slots_and_the_buffer_serves_them_with_their_groups(sampler_and_params):
+  sampler, _ = sampler_and_params
+  task = arithmetic.make_task(num_train=16, num_held_out=4, teacher_slip_rate=0.5)
+  settings = SamplingSettings(max_new_tokens=6, stop_tokens=(task.tokenizer.eos_id,))
+  problems = task.train[:3]
+  groups = rollout.generate_groups(sampler, sampler.params, [p.prompt_tokens for p in problems], 4, settings, seed=2)
+  in_buffer = DemoMixer.build(task.demonstrations(0), fraction=0.5, group_size=4, temperature=1.0, max_new_tokens=6)
+  as_sft = DemoMixer.build(task.demonstrations(0), fraction=0.5, group_size=4, temperature=1.0, max_new_tokens=6,
+                           as_sft=True)
+  slots = as_sft.mix(sampler, groups, np.random.default_rng(0))
+  assert in_buffer.chunk_fields(slots, groups) == {}
+  fields = as_sft.chunk_fields(slots, groups)
+  np.testing.assert_array_equal(fields["demo_slots"], [[0, 0, 1, 1]] * 3)
+  rewards, _ = task.score_groups(problems, groups.response_tokens, groups.lengths)
+  buf = buffer.RolloutBuffer(seq_len=16)
+  buf.reset(groups.snapshot_version)
+  assert buf.add(groups, rewards, fields)
+  batch = buf.sample(3, 1, np.random.default_rng(1))
+  np.testing.assert_array_equal(batch["demo_slots"], fields["demo_slots"])  # each row with its own group
+  np.testing.assert_array_equal(batch["rewards"], rewards)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(loss="grpo"), r"loop.demo_use='sft': 'sft' leaves the demonstrations out of the RL loss"),
+    (dict(demo_fraction=0.0), r"loop.demo_use='sft': needs loop.demo_fraction > 0"),
+    (dict(demo_fraction=0.95), r"loop.demo_fraction=0.95: with loop.demo_use='sft' leaves no sampled response"),
+])
+def test_demonstrations_by_sft_are_refused_where_they_cannot_work(change, message):
+  cfg = arithmetic_config.get_config("smoke")
+  cfg.loop.update(demo_fraction=change.get("demo_fraction", 0.25), demo_use="sft")
+  cfg.trainer.loss = change.get("loss", "oapl")
+  with pytest.raises(sections.ConfigError, match=message):
     check.check(schema.from_config(cfg))

@@ -238,3 +238,27 @@ def test_grpo_second_mini_batch_of_a_round_is_clipped():
   assert outside.sum() > 0 and float(second["clip_fraction"]) > 0.0
   np.testing.assert_allclose(float(second["loss"]), clipped, rtol=1e-4)
   assert abs(clipped - unclipped) > 1e-2  # the clip changed the loss: the test tells the two apart
+
+
+def test_demo_slots_are_trained_by_nll_and_left_out_of_the_oapl_regression():
+  """loop.demo_use='sft': loss = OAPL on the other samples (V* and mean over them only) + weight x the demo
+  slots' token-mean NLL, each side computed here from the model's log-probs by the objectives alone."""
+  params, model = _params(), api.for_config(CONFIG)
+  batch = _batch(2, 4, 12, seed=5)
+  batch["demo_slots"] = np.zeros((2, 4), np.float32)
+  batch["demo_slots"][:, 3] = 1.0
+  config = dataclasses.replace(TRAIN, demo_sft_weight=0.5)
+  _, (metrics,) = _run(config, CONFIG, params, _one_device_mesh(), [batch])
+  logp = model.token_logprobs(params, batch["tokens"].reshape(8, 12), batch["targets"].reshape(8, 12),
+                              batch["positions"].reshape(8, 12), temperature=TRAIN.temperature).reshape(2, 4, 12)
+  mask = batch["response_mask"]
+  seq = lambda x: objectives.sequence_logprob(x, mask)  # noqa: E731
+  s = TRAIN.loss_settings
+  rl, _ = objectives.oapl_loss(seq(logp)[:, :3], seq(batch["sampler_token_logp"])[:, :3], batch["rewards"][:, :3],
+                               beta1=s.beta1, beta2=s.beta2)
+  nll = -np.sum(np.asarray(logp)[:, 3] * mask[:, 3]) / mask[:, 3].sum()
+  np.testing.assert_allclose(metrics["demo_nll"], nll, rtol=1e-5)
+  np.testing.assert_allclose(metrics["loss"], float(rl) + 0.5 * nll, rtol=1e-5)
+  full_rl, _ = objectives.oapl_loss(seq(logp), seq(batch["sampler_token_logp"]), batch["rewards"], beta1=s.beta1,
+                                    beta2=s.beta2)
+  assert abs(float(full_rl) - float(rl)) > 1e-4  # the slots would have changed the regression

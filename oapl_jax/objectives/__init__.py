@@ -8,7 +8,8 @@ whatever the input dtype; padded positions (response_mask 0) may hold anything, 
     loss, metrics = objectives.compute_loss("opmd", policy_token_logp_BxGxT, batch, settings)
 
 Batch keys: response_mask [B,G,T], sampler_token_logp [B,G,T] (the sampler's own log-probs of the
-sampled tokens), rewards [B,G], and for GRPO optionally old_policy_token_logp [B,G,T]. `LOSSES[name]`
+sampled tokens), rewards [B,G], and for GRPO optionally old_policy_token_logp [B,G,T]; OAPL optionally demo_slots [B,G] (1 on
+demonstrations trained by SFT, left out of V* and the regression: loop.demo_use='sft'). `LOSSES[name]`
 says which keys a loss reads (`needs`, `optional`) and whether it compares the G samples of a prompt
 (`needs_groups`: a micro-batch must then hold whole groups).
 """
@@ -25,7 +26,7 @@ from oapl_jax.objectives.checks import check_token_array
 from oapl_jax.objectives.grpo import GRPOSettings, grpo_advantages, grpo_from_batch, grpo_loss
 from oapl_jax.objectives.m2po import M2POSettings, m2po_from_batch, m2po_loss, m2po_tau_squared
 from oapl_jax.objectives.masking import sequence_logprob, token_mean
-from oapl_jax.objectives.oapl import OAPLSettings, oapl_from_batch, oapl_loss, v_star
+from oapl_jax.objectives.oapl import OAPLSettings, oapl_from_batch, oapl_loss, v_star, v_star_of_members
 from oapl_jax.objectives.opmd import OPMDSettings, opmd_from_batch, opmd_loss
 from oapl_jax.objectives.sft import SFTSettings, sft_from_batch, sft_loss
 
@@ -34,6 +35,7 @@ Settings = Any  # one of the *Settings dataclasses
 LossFn = Callable[[jax.Array, Mapping[str, jax.Array], Settings], tuple[jax.Array, Metrics]]
 
 _TOKENS_AND_REWARDS = ("response_mask", "sampler_token_logp", "rewards")
+_PER_SEQUENCE = ("rewards", "demo_slots")  # batch keys of shape [B, G]; the others are [B, G, T]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,7 @@ class LossSpec:
 
 
 LOSSES: dict[str, LossSpec] = {
-    "oapl": LossSpec(oapl_from_batch, OAPLSettings, True, _TOKENS_AND_REWARDS),
+    "oapl": LossSpec(oapl_from_batch, OAPLSettings, True, _TOKENS_AND_REWARDS, ("demo_slots",)),
     "grpo": LossSpec(grpo_from_batch, GRPOSettings, True, _TOKENS_AND_REWARDS, ("old_policy_token_logp",)),
     # Same math as grpo: on-policy GRPO is the loop's schedule (sampler refreshed before every rollout
     # round, one optimizer step per round), named so that configs and reports tell the two apart and
@@ -112,7 +114,7 @@ def compute_loss(name: str, policy_token_logp_BxGxT: jax.Array, batch: Mapping[s
     raise ValueError(f"loss {name!r} needs batch keys {missing}; the batch has {sorted(batch)}")
   shape = check_token_array("policy_token_logp_BxGxT", policy_token_logp_BxGxT)
   for key in spec.needs + tuple(k for k in spec.optional if k in batch):
-    expected = shape[:2] if key == "rewards" else shape
+    expected = shape[:2] if key in _PER_SEQUENCE else shape
     if tuple(batch[key].shape) != expected:
       raise ValueError(f"loss {name!r}: batch[{key!r}] has shape {tuple(batch[key].shape)}, expected {expected}")
   return spec.fn(policy_token_logp_BxGxT, batch, settings)
@@ -121,6 +123,6 @@ def compute_loss(name: str, policy_token_logp_BxGxT: jax.Array, batch: Mapping[s
 __all__ = [
     "LOSSES", "LossSpec", "loss_spec", "build_settings", "compute_loss",
     "OAPLSettings", "GRPOSettings", "AsymRESettings", "OPMDSettings", "M2POSettings", "SFTSettings",
-    "v_star", "oapl_loss", "grpo_advantages", "grpo_loss", "asymre_loss", "opmd_loss", "m2po_loss",
-    "m2po_tau_squared", "sft_loss", "sequence_logprob", "token_mean",
+    "v_star", "v_star_of_members", "oapl_loss", "grpo_advantages", "grpo_loss", "asymre_loss", "opmd_loss",
+    "m2po_loss", "m2po_tau_squared", "sft_loss", "sequence_logprob", "token_mean",
 ]

@@ -42,22 +42,44 @@ def v_star(rewards_BxG: jax.Array, beta1: float | jax.Array) -> jax.Array:
   return m_B + beta1 * jnp.log1p(jnp.mean(jnp.expm1(z_BxG), axis=-1))
 
 
+def v_star_of_members(rewards_BxG: jax.Array, member_BxG: jax.Array, beta1: float | jax.Array) -> jax.Array:
+  """V̂*(x) over each group's members only (member 1, others 0): beta1 * log(mean_{i member} exp(r_i / beta1)),
+  in v_star's overflow-free form -> [B] float32. Every group needs a member."""
+  r_BxG = rewards_BxG.astype(jnp.float32)
+  member_BxG = member_BxG.astype(bool)
+  m_B = jnp.max(jnp.where(member_BxG, r_BxG, -jnp.inf), axis=-1)
+  z_BxG = jnp.where(member_BxG, (r_BxG - m_B[:, None]) / beta1, 0.0)
+  mean_B = jnp.sum(jnp.where(member_BxG, jnp.expm1(z_BxG), 0.0), axis=-1) / jnp.sum(member_BxG, axis=-1)
+  return m_B + beta1 * jnp.log1p(mean_B)
+
+
 def oapl_loss(policy_logp_BxG: jax.Array, sampler_logp_BxG: jax.Array,
               rewards_BxG: jax.Array, *, beta1: float | jax.Array,
-              beta2: float | jax.Array) -> tuple[jax.Array, Metrics]:
-  """OAPL loss (Eq. 3): mean_{x,i} (beta2 * log(pi / pi_vllm) - (r - V̂*))^2 over sequence log-probs."""
+              beta2: float | jax.Array, member_BxG: jax.Array | None = None) -> tuple[jax.Array, Metrics]:
+  """OAPL loss (Eq. 3): mean_{x,i} (beta2 * log(pi / pi_vllm) - (r - V̂*))^2 over sequence log-probs.
+
+  `member_BxG` (1/0): only members enter V̂* and the mean (demonstrations trained by SFT instead are not);
+  None: every sample, the paper's loss."""
   if policy_logp_BxG.ndim != 2:
     raise ValueError(f"policy_logp_BxG must be [B, G], got shape {policy_logp_BxG.shape}")
   checks.check_shape("sampler_logp_BxG", sampler_logp_BxG, policy_logp_BxG.shape)
   checks.check_shape("rewards_BxG", rewards_BxG, policy_logp_BxG.shape)
   checks.check_positive("beta2", beta2)
   r_BxG = rewards_BxG.astype(jnp.float32)
-  v_B = jax.lax.stop_gradient(v_star(r_BxG, beta1))
+  if member_BxG is None:
+    v_B = jax.lax.stop_gradient(v_star(r_BxG, beta1))
+  else:
+    checks.check_shape("member_BxG", member_BxG, policy_logp_BxG.shape)
+    v_B = jax.lax.stop_gradient(v_star_of_members(r_BxG, member_BxG, beta1))
   adv_BxG = r_BxG - v_B[:, None]
   log_ratio_BxG = (policy_logp_BxG.astype(jnp.float32)
                    - jax.lax.stop_gradient(sampler_logp_BxG.astype(jnp.float32)))
   residual_BxG = beta2 * log_ratio_BxG - adv_BxG
-  loss = jnp.mean(jnp.square(residual_BxG))
+  if member_BxG is None:
+    loss = jnp.mean(jnp.square(residual_BxG))
+  else:
+    weight_BxG = member_BxG.astype(jnp.float32)
+    loss = jnp.sum(weight_BxG * jnp.square(residual_BxG)) / jnp.maximum(jnp.sum(weight_BxG), 1.0)
   metrics = {
       "residual_mean": jnp.mean(residual_BxG),
       "residual_std": jnp.std(residual_BxG),
@@ -77,5 +99,6 @@ def oapl_from_batch(policy_token_logp_BxGxT: jax.Array, batch: Mapping[str, jax.
                     settings: OAPLSettings) -> tuple[jax.Array, Metrics]:
   mask_BxGxT = batch["response_mask"]
   seq = lambda x: sequence_logprob(x, mask_BxGxT, length_normalize=settings.length_normalize)  # noqa: E731
+  demo_BxG = batch.get("demo_slots")  # loop.demo_use='sft': those slots are trained by SFT, not regressed
   return oapl_loss(seq(policy_token_logp_BxGxT), seq(batch["sampler_token_logp"]), batch["rewards"],
-                   beta1=settings.beta1, beta2=settings.beta2)
+                   beta1=settings.beta1, beta2=settings.beta2, member_BxG=None if demo_BxG is None else 1.0 - demo_BxG)

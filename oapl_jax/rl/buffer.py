@@ -90,9 +90,11 @@ class RolloutBuffer:
       self._closed = True
       self._cond.notify_all()
 
-  def add(self, groups: RolloutGroups, rewards_PxG: np.ndarray) -> bool:
-    """Add one chunk of groups; returns False (and drops it) if it is from another version."""
+  def add(self, groups: RolloutGroups, rewards_PxG: np.ndarray, fields: Optional[dict] = None) -> bool:
+    """Add one chunk of groups (with per-group `fields` [P, ...] beside them, e.g. demo_slots); returns False
+    (and drops it) if it is from another version."""
     packed = pack_groups(groups, rewards_PxG, self.seq_len)
+    packed.update(fields or {})
     packed["version"] = np.full(len(rewards_PxG), groups.snapshot_version, np.int64)
     with self._cond:
       if groups.snapshot_version != self._version:

@@ -22,10 +22,11 @@ class DemoMixer:
   per_group: int  # k: samples of each group that become demonstrations
   temperature: float  # the rollouts' sampling temperature (the sampler's log-probs are taken at it)
   by_prompt: dict  # prompt tokens (tuple) -> [completion tokens (tuple), ...]
+  as_sft: bool = False  # loop.demo_use='sft': the chunk marks the slots (demo_slots [P,G]) for the trainer's NLL
 
   @classmethod
   def build(cls, demonstrations: Sequence[Demonstration], fraction: float, group_size: int, temperature: float,
-            max_new_tokens: int) -> "DemoMixer":
+            max_new_tokens: int, as_sft: bool = False) -> "DemoMixer":
     """Demonstrations longer than the rollouts' max_new_tokens are left out (they could not be a sample)."""
     by_prompt: dict = {}
     for d in demonstrations:
@@ -34,7 +35,7 @@ class DemoMixer:
     if not by_prompt:
       raise ValueError(f"loop.demo_fraction={fraction}: no demonstration fits in sampler.max_new_tokens="
                        f"{max_new_tokens}")
-    return cls(max(1, round(fraction * group_size)), temperature, by_prompt)
+    return cls(max(1, round(fraction * group_size)), temperature, by_prompt, as_sft)
 
   def mix(self, sampler: core.Sampler, groups: RolloutGroups, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Replaces samples of `groups` in place (tokens, mask, lengths, finish reason, sampler log-probs);
@@ -62,3 +63,13 @@ class DemoMixer:
       groups.lengths[p, g] = n
       groups.finish_reason[p, g] = core.FINISH_STOP
     return slots
+
+  def chunk_fields(self, slots: list[tuple[int, int]], groups: RolloutGroups) -> dict[str, np.ndarray]:
+    """What the buffer stores with the chunk beside its groups: demo_slots [P, G] (1.0 on the replaced
+    slots) when the trainer takes the demonstrations by SFT, else nothing."""
+    if not self.as_sft:
+      return {}
+    demo_slots_PxG = np.zeros(groups.lengths.shape, np.float32)
+    for p, g in slots:
+      demo_slots_PxG[p, g] = 1.0
+    return {"demo_slots": demo_slots_PxG}

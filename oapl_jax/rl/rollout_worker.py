@@ -172,7 +172,7 @@ class RolloutWorker(threading.Thread):
                           f"rewards of window {w.index}, chunk {chunk}")
     if groups.snapshot_version != w.version:
       raise RuntimeError(f"sampler is at version {groups.snapshot_version}, window expects {w.version}")
-    self.buffer.add(groups, rewards_PxG)
+    self.buffer.add(groups, rewards_PxG, self.demo_mixer.chunk_fields(demos, groups) if self.demo_mixer else None)
     self.stats.put((w.chunk_step(chunk, self.schedule.steps_per_chunk), {
         "rollout/reward_mean": float(rewards_PxG.mean()),
         "rollout/frac_groups_all_equal_reward": float((rewards_PxG == rewards_PxG[:, :1]).all(-1).mean()),

@@ -45,6 +45,9 @@ class LoopConfig:
   # demonstrations in the buffer (rl/demo_mix.py): round(demo_fraction x group_size) samples of every group whose
   # prompt has task demonstrations are replaced by them (rewarded by the task; the snapshot's log-probs); 0 = off
   demo_fraction: float = sections.rule(0.0, low=0, high=1, high_open=True)
+  # how the trainer uses them: 'buffer' (samples of their group, in V* and OAPL's regression) or 'sft' (the same
+  # slots left out of both and trained by their NLL, weighted by trainer.demo_sft_weight: the control; OAPL only)
+  demo_use: str = sections.rule("buffer", choices=("buffer", "sft"))
 
   def __post_init__(self):
     sections.enforce(self)

@@ -10,7 +10,7 @@
 Batch (right-padded, B prompts x G samples x T positions): tokens, targets, positions (int32
 [B,G,T]; targets are the next tokens), response_mask (float32 [B,G,T], 1 where the target is a
 response token), sampler_token_logp (float32 [B,G,T], aligned with targets), rewards (float32
-[B,G]); GRPO may add old_policy_token_logp [B,G,T].
+[B,G]); GRPO may add old_policy_token_logp [B,G,T]; loop.demo_use='sft' adds demo_slots (float32 [B,G]).
 
 Policy log-probs are taken at the sampler's temperature (log_softmax(logits / T)), as the
 official OAPL code does. Master weights stay in model.config.param_dtype; the loss casts them
@@ -67,6 +67,9 @@ class TrainConfig:
   # an update whose norm exceeds this times the params' norm is a blow-up, skipped like a non-finite one
   # (lr 1e30 gives a finite update of ~1e30 per weight); 0 = off. Sane AdamW steps are ~1e-3 .. 1e-1 of it.
   max_update_ratio: float = sections.rule(1.0, low=0)
+  # loop.demo_use='sft': the batch's demonstration slots (demo_slots [B,G]) add this x their token-mean NLL to the
+  # loss and are left out of OAPL's V* and regression (the control for demonstrations in the buffer)
+  demo_sft_weight: float = sections.rule(1.0, low=0)
   # the sampler's temperature (set from the sampler section); policy log-probs use logits / temperature
   temperature: float = sections.rule(1.0, low=0, low_open=True, internal=True)
 
@@ -192,6 +195,11 @@ def _loss_and_sums(config: TrainConfig, model: CausalLM, params, batch: Batch, l
   """(loss, (loss metrics, additive token/sequence sums)) for one (micro-)batch."""
   logp_BxGxT, entropy_BxGxT = _policy_logp(config, model, params, batch, with_entropy=True, lora=lora)
   loss, loss_metrics = objectives.compute_loss(config.loss, logp_BxGxT, batch, config.loss_settings)
+  if "demo_slots" in batch:  # loop.demo_use='sft': the demonstrations as supervised targets
+    demo_mask_BxGxT = batch["response_mask"] * batch["demo_slots"][..., None]
+    nll, _ = objectives.sft_loss(logp_BxGxT, demo_mask_BxGxT)
+    loss = loss + config.demo_sft_weight * nll
+    loss_metrics = {**loss_metrics, "demo_nll": nll}
 
   mask_BxGxT = batch["response_mask"].astype(bool)
   diff_BxGxT = jnp.where(mask_BxGxT, jax.lax.stop_gradient(logp_BxGxT)

@@ -268,4 +268,4 @@ def demo_mixer(rc: RunConfig, task: Task) -> Optional[DemoMixer]:
   if task.demonstrations is None:
     raise ValueError(f"loop.demo_fraction={rc.loop.demo_fraction}: task {task.name!r} has no demonstrations")
   return DemoMixer.build(task.demonstrations(rc.seed), rc.loop.demo_fraction, rc.loop.group_size,
-                         rc.sampler.temperature, rc.sampler.max_new_tokens)
+                         rc.sampler.temperature, rc.sampler.max_new_tokens, as_sft=rc.loop.demo_use == "sft")

@@ -48,6 +48,14 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
             "temperature > 0): a demonstration's token outside the filter would have no sampler log-prob")
     if rc.is_offline:
       p.add("loop.demo_fraction", rc.loop.demo_fraction, "is not supported by the offline mode")
+    if rc.loop.demo_use == "sft" and rc.trainer.loss != "oapl":
+      p.add("loop.demo_use", rc.loop.demo_use, f"'sft' leaves the demonstrations out of the RL loss, which only "
+            f"trainer.loss='oapl' supports (it is {rc.trainer.loss!r}); use 'buffer'")
+    if rc.loop.demo_use == "sft" and round(rc.loop.demo_fraction * rc.loop.group_size) >= rc.loop.group_size:
+      p.add("loop.demo_fraction", rc.loop.demo_fraction, f"with loop.demo_use='sft' leaves no sampled response "
+            f"in a group of {rc.loop.group_size}")
+  elif rc.loop.demo_use == "sft":
+    p.add("loop.demo_use", rc.loop.demo_use, "needs loop.demo_fraction > 0 (the demonstrations it trains on)")
   if rc.trainer.lora.enabled and rc.is_offline:
     p.add("trainer.lora.rank", rc.trainer.lora.rank, "LoRA is not supported by the offline mode yet (its second "
           "stage rebuilds the trainer state from full params); set it to 0")
