@@ -83,3 +83,7 @@ def test_a_signed_loss_around_zero_is_no_explosion_but_a_jump_is():
   assert _explosions(grpo_like + [1e3]) == 1
   assert _explosions([0.01, 0.012, 0.009, 0.011, 0.01, 0.01, 1e3]) == 1  # a positive (squared) loss jumps too
   assert _explosions([0.01, 0.012, 0.009, 0.011, 0.01, 0.01, 50.0]) == 0  # 5000x: under the default 1e4x
+  # a window's first steps on groups with equal rewards: rounding noise, no scale (a study's sorting task warned
+  # "loss 0.0342 is over 10000x the recent median magnitude 1.05e-10" on its first signal)
+  assert _explosions([1e-14, 3e-12, 1e-10, 2e-13, 5e-11, 1e-10, 0.0342]) == 0
+  assert _explosions([1e-14, 3e-12, 1e-10, 0.01, 0.012, 0.009, 0.011, 0.01, 1e3]) == 1

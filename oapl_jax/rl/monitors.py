@@ -4,7 +4,7 @@
                     of `max_skipped_updates` in a row stops the run (DivergenceError).
   loss explosion    a loss whose magnitude is `loss_explosion_factor` times the median magnitude of the
                     recent nonzero ones (warning). Magnitudes, so a signed loss around 0 (GRPO's) is judged
-                    by its scale, not its sign; zeros (steps with no signal) carry no scale.
+                    by its scale, not its sign; zeros and rounding noise (steps with no signal) carry no scale.
   entropy collapse  mean token entropy below `entropy_floor`: a (nearly) deterministic policy (warning).
   no signal         every group had equal rewards (zero advantage everywhere) for
                     `no_signal_steps` steps in a row: the run trains on nothing (warning).
@@ -22,6 +22,11 @@ import math
 from typing import Mapping, Optional
 
 from oapl_jax import sections
+
+
+# Loss magnitudes at or under this carry no scale, like zeros: a window's first steps on groups with (nearly) equal
+# rewards give losses of 1e-14 to 1e-7, rounding noise, and a median of those would call any real loss an explosion.
+LOSS_NOISE_FLOOR = 1e-6
 
 
 class DivergenceError(FloatingPointError):
@@ -90,10 +95,10 @@ class HealthMonitor:
     self._skipped_in_a_row = 0
     if len(self._recent_magnitudes) >= 5:
       median = sorted(self._recent_magnitudes)[len(self._recent_magnitudes) // 2]
-      if abs(loss) > c.loss_explosion_factor * median and abs(loss) > 1e-6:
+      if abs(loss) > c.loss_explosion_factor * median:
         self._warn("loss_explosion", f"trainer step {step}: loss {loss:.3g} is over {c.loss_explosion_factor:g}x the "
                                      f"recent median magnitude {median:.3g}: the run may be diverging")
-    if math.isfinite(loss) and loss != 0:
+    if math.isfinite(loss) and abs(loss) > LOSS_NOISE_FLOOR:
       self._recent_magnitudes.append(abs(loss))
     if "entropy" in metrics and float(metrics["entropy"]) < c.entropy_floor:
       self._warn("entropy_collapse", f"trainer step {step}: token entropy {float(metrics['entropy']):.2e} is below "
