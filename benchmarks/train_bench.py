@@ -6,6 +6,7 @@
     python -m benchmarks.train_bench --width qwen3_0p6b --layers 4 --batch 2 --group 4 --seq_len 256 --rounds 3 --steps 1
                                                        # real width: Qwen3-0.6B's, vocab 151,936, 4 layers
     ... --keep_logits                                  # the backward reuses the logits (logprob_recompute=False)
+    ... --recompute_logits                             # the backward projects again (logprob_keep_bytes=0)
     ... --isolate --pairs 2                            # each side in its own process (no shared threads or heap)
 
 Both sides start from the same tiny random Qwen3 checkpoint (written with transformers) and run
@@ -93,13 +94,21 @@ def torch_step_fn(model, batch, temperature, autocast_dtype=None):
   return step
 
 
+def logits_execution(keep_logits: bool = False, recompute_logits: bool = False) -> dict:
+  """The model.* fields of --keep_logits / --recompute_logits; neither: the default (the backward reuses the
+  forward's logits when they fit in model.logprob_keep_bytes, as they do at this benchmark's shapes)."""
+  if keep_logits and recompute_logits:
+    raise ValueError("--keep_logits and --recompute_logits exclude each other")
+  return {"logprob_recompute": not keep_logits, **({"logprob_keep_bytes": 0} if recompute_logits else {})}
+
+
 def jax_steps_fn(checkpoint: str, batch, temperature, keep_logits=False, compute_dtype="float32", **execution):
   """Our OAPL train step from an HF `checkpoint` (float32 master weights, `compute_dtype` activations, other
   models/execution.Execution fields in `execution`) on one device: returns (steps(n) -> the last step's metrics, run
   n steps on `batch` and wait for them; the model config)."""
   mesh = parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   model_config, params = hf.load(checkpoint, mesh=mesh, dtype="float32", compute_dtype=compute_dtype)
-  model_config = model_config.replace(logprob_recompute=not keep_logits, **execution)
+  model_config = model_config.replace(**{**logits_execution(keep_logits), **execution})
   config = trainer.TrainConfig(
       loss="oapl", loss_settings=objectives.OAPLSettings(beta1=BETA1, beta2=BETA2), temperature=temperature,
       optim=OptimConfig(lr=LR, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=MAX_GRAD_NORM))
@@ -136,6 +145,9 @@ def _parser():
   ap.add_argument("--keep_logits", action="store_true",
                   help="model.logprob_recompute=False: the backward reuses a block kept by the forward, as torch "
                        "keeps the logits")
+  ap.add_argument("--recompute_logits", action="store_true",
+                  help="model.logprob_keep_bytes=0: the backward projects the logits again whatever their size (the "
+                       "default keeps them when they fit, as here)")
   ap.add_argument("--isolate", action="store_true",
                   help="each side in its own process, one after the other (--pairs times): no shared threads or "
                        "heap; ours keeps freed host memory as the CPU entry points do (oapl_jax/host_memory.py)")
@@ -163,7 +175,8 @@ def _side(args):
   kept = (args.side == "jax" or args.torch_keeps_freed_memory) and host_memory.keep_freed_memory()
   batch = make_batch(args.batch, args.group, args.seq_len, hf_config(args.width, args.layers).vocab_size)
   if args.side == "jax":
-    jax_steps, _ = jax_steps_fn(args.checkpoint, batch, args.temperature, keep_logits=args.keep_logits)
+    jax_steps, _ = jax_steps_fn(args.checkpoint, batch, args.temperature,
+                                **logits_execution(args.keep_logits, args.recompute_logits))
     step_n = lambda n: jax_steps(n)["loss"]  # noqa: E731
   else:
     model = transformers.Qwen3ForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).train()
@@ -211,7 +224,7 @@ def main():
   tokens, response_tokens = B * G * T, int(batch["response_mask"].sum())
   with tempfile.TemporaryDirectory() as ckpt:
     transformers.Qwen3ForCausalLM(hf_cfg).save_pretrained(ckpt)
-    model_config = hf.read_config(ckpt).replace(logprob_recompute=not args.keep_logits)
+    model_config = hf.read_config(ckpt).replace(**logits_execution(args.keep_logits, args.recompute_logits))
     floor_shapes = matmul_floor.train_shapes(model_config, tokens, response_tokens)
     floor_times = []
     if args.isolate:
@@ -220,7 +233,8 @@ def main():
         floor_times = [matmul_floor.floor_seconds(floor_shapes) for _ in range(len(jax_times))]
     else:
       torch_model = transformers.Qwen3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
-      jax_steps, _ = jax_steps_fn(ckpt, batch, args.temperature, keep_logits=args.keep_logits)
+      jax_steps, _ = jax_steps_fn(ckpt, batch, args.temperature,
+                                  **logits_execution(args.keep_logits, args.recompute_logits))
   if not args.isolate:
     torch_step = torch_step_fn(torch_model, batch, args.temperature)
     metrics = jax_steps(1)  # compile + first step; loss is at the shared initial params

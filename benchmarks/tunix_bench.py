@@ -167,7 +167,8 @@ def bench_train(pythons, checkpoint, data, args):
   for pair in range(args.train_pairs):
     for side in ("ours", "tunix") if pair % 2 == 0 else ("tunix", "ours"):
       print(f"[train pair {pair + 1}/{args.train_pairs}] {side} ...", flush=True)
-      keep = ["--keep_logits"] if args.keep_logits and side == "ours" else []
+      keep = [f for f, on in (("--keep_logits", args.keep_logits), ("--recompute_logits", args.recompute_logits))
+              if on and side == "ours"]
       w = Worker(pythons[side], side, "train", checkpoint, data, ["--malloc", args.malloc, *keep])
       runs = [w.ask(f"run {s}") for s in range(args.train_steps)]
       steps[side].append(statistics.median(r["seconds"] for r in runs))
@@ -196,6 +197,9 @@ def main(argv=None):
                   help="both workers' glibc malloc policy (tunix_worker --malloc)")
   ap.add_argument("--keep_logits", action="store_true",
                   help="our train step with model.logprob_recompute=False (Tunix keeps its logits too)")
+  ap.add_argument("--recompute_logits", action="store_true",
+                  help="our train step with model.logprob_keep_bytes=0: the logits projected again in the backward "
+                       "(the default keeps them when they fit in model.logprob_keep_bytes, as at these shapes)")
   ap.add_argument("--out", help="also write the markdown table here")
   args = ap.parse_args(argv)
   pythons = {"ours": sys.executable, "tunix": tunix_python()}
@@ -252,7 +256,8 @@ def main(argv=None):
   header = (f"cpu: {ceiling.cpu_description()}; load average {' '.join(load)} at the end\n"
             f"compute ceiling (best f32 matmul): jax {peak_flops['jax']:.1f}, torch {peak_flops['torch']:.1f} "
             f"GFLOP/s\n{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}, float32; "
-            f"malloc: {args.malloc}; our logprob_recompute: {not args.keep_logits}")
+            f"malloc: {args.malloc}; our logits in the backward: "
+            f"{'kept' if args.keep_logits else 'recomputed' if args.recompute_logits else 'the default'}")
   print(header, table, *notes, sep="\n")
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -76,7 +76,8 @@ def ours_train(args, data):
   from oapl_jax.rl import trainer
   from oapl_jax.rl.optim import OptimConfig
   layout = parallel.Layout(parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
-  model, params = factory.load_pretrained(args.checkpoint, layout, logprob_recompute=not args.keep_logits)
+  model, params = factory.load_pretrained(args.checkpoint, layout, logprob_recompute=not args.keep_logits,
+                                          **({"logprob_keep_bytes": 0} if args.recompute_logits else {}))
   config = trainer.TrainConfig(
       loss="grpo", loss_settings=objectives.GRPOSettings(clip_eps=CLIP_EPS), temperature=TEMPERATURE,
       optim=OptimConfig(lr=LR, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=MAX_GRAD_NORM))
@@ -239,6 +240,8 @@ def main(argv=None):
   ap.add_argument("--keep_logits", action="store_true",
                   help="ours, train: model.logprob_recompute=False (the backward reuses the forward's vocabulary "
                        "block, as Tunix keeps its logits)")
+  ap.add_argument("--recompute_logits", action="store_true",
+                  help="ours, train: model.logprob_keep_bytes=0 (the backward projects the logits again)")
   ap.add_argument("--malloc", choices=["keep", "default"], default="keep",
                   help="keep: glibc keeps freed memory (oapl_jax/host_memory.py, as our CPU entry points run); "
                        "default: glibc's defaults. Either way, both sides get the same")

@@ -17,7 +17,8 @@ vocabulary chunks), so the step is also counted analytically, per optimizer step
   model FLOPs    = 6*N*tokens + 12*L*H*D*T^2*sequences   (PaLM's MFU convention: no causal halving)
   executed FLOPs = 3*F + F_layers*remat + F_vocab*recompute   with F = 2*N*tokens + 4*L*H*D*T^2*sequences:
     the forward, a backward of twice it, the layers' forward again under remat and the vocabulary
-    chunks' again (unless logprob_recompute=False); F counts the full T x T, as the reference attention computes.
+    chunks' again (unless kept: logprob_recompute=False, or the blocks fit in logprob_keep_bytes); F counts
+    the full T x T, as the reference attention computes.
     The trainer skips vocabulary chunks without response tokens; train_flops(vocab_tokens=) counts only the
     chunks that run (the slice's analysis assumes every token does).
     remat_policy="save_dots_no_batch" keeps the weight matmuls (only attention is recomputed); with
@@ -57,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from oapl_jax import batch_spec, parallel, sections, tpu_host
-from oapl_jax.models import api, factory
+from oapl_jax.models import api, factory, vocab_logprobs
 from oapl_jax.rl import trainer
 from oapl_jax.run import assemble, check as run_check, schema
 from oapl_jax.sampler import core
@@ -268,10 +269,12 @@ def compile_memory(build, context=None, compiler_options: Optional[dict] = None)
                 seconds=time.perf_counter() - start, host_temp=m.host_temp_size_in_bytes)
 
 
-def train_flops(model_config, sequences: int, seq_len: int, vocab_tokens: Optional[int] = None) -> dict:
+def train_flops(model_config, sequences: int, seq_len: int, vocab_tokens: Optional[int] = None,
+                shard_tokens: Optional[int] = None) -> dict:
   """Analytic FLOPs of one optimizer step over `sequences` of `seq_len` positions (module docstring).
   `vocab_tokens`: the tokens whose vocabulary projection is executed (the trainer skips chunks with no response
-  token; default: all); model FLOPs count every token either way."""
+  token; default: all); model FLOPs count every token either way. `shard_tokens`: the positions of one row shard
+  of one micro-batch (default: all on one), which decide whether the logits are recomputed (logprob_keep_bytes)."""
   c, T, tokens = model_config, seq_len, sequences * seq_len
   E, H, K, D, F, L, V = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.num_layers, \
       c.vocab_size
@@ -282,7 +285,10 @@ def train_flops(model_config, sequences: int, seq_len: int, vocab_tokens: Option
   recomputed = (attention_fwd if c.remat_policy == "save_dots_no_batch" else layers_fwd) if c.remat else 0
   mlp_fwd = 2 * L * 3 * E * F * tokens
   vocab_run = 2 * V * E * (tokens if vocab_tokens is None else vocab_tokens)
-  executed = 3 * (layers_fwd + vocab_run) + recomputed + vocab_run * c.logprob_recompute + mlp_fwd * (c.mlp_chunks > 1)
+  recompute = vocab_logprobs.recomputes(c.logprob_recompute, c.logprob_keep_bytes,
+                                        tokens if shard_tokens is None else shard_tokens, c.logprob_chunk_tokens,
+                                        c.logprob_tail_levels, V)
+  executed = 3 * (layers_fwd + vocab_run) + recomputed + vocab_run * recompute + mlp_fwd * (c.mlp_chunks > 1)
   return {"model": float(model), "executed": float(executed), "tokens": tokens, "matmul_weights": layer_weights + V * E}
 
 
@@ -391,7 +397,11 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       for name in sampler_programs:
         if name not in results:
           report(name, lambda: Memory(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]))
-  flops, n_trainer = train_flops(model.config, loop.batch_prompts * loop.group_size, T), placement.trainer.mesh.size
+  rows = loop.batch_prompts * loop.group_size // M  # of one micro-batch, in row shards as vocab_logprobs splits it
+  shards = placement.trainer.axis_size("activation_batch")
+  shards = shards if rows % shards == 0 else 1
+  flops = train_flops(model.config, loop.batch_prompts * loop.group_size, T, shard_tokens=rows // shards * T)
+  n_trainer = placement.trainer.mesh.size
   host_bw = host_bytes_per_s or topo.chip.host_bytes_per_s
   step_host = results["train_step"].host_bytes if "train_step" in results else 0
   compute_s, host_s = estimate_seconds(flops["executed"], n_trainer, topo.chip.peak_bf16_flops, mfu, step_host, host_bw)

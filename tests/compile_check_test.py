@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from configs import arithmetic, code, math as math_config
 from oapl_jax import compile_check as cc, sections
+from oapl_jax.models import vocab_logprobs
 from oapl_jax.apps import compile_check as app
 from oapl_jax.run import assemble, schema
 
@@ -120,8 +121,9 @@ def test_analytic_flops_match_xla_on_a_loop_free_step(report):
   attention_fwd = 4 * 4 * 64 * T * T * sequences  # QK^T and PV, every score
   assert report.flops["model"] == 6 * (layer + 512 * 256) * tokens + 3 * attention_fwd
   forward = 2 * (layer + 512 * 256) * tokens + attention_fwd
-  vocab_forward = 2 * 512 * 256 * tokens  # its chunks are checkpointed: computed again in the backward
-  assert report.flops["executed"] == 3 * forward + vocab_forward
+  # the logits' blocks (4096 tokens x 512 words x 4 B) fit in model.logprob_keep_bytes: the backward reuses them,
+  # no projection again (tests/models_logprobs_test.py counts the recomputing one's extra matmul in XLA's FLOPs)
+  assert report.flops["executed"] == 3 * forward
 
 
 def test_remat_adds_the_layers_forward_once():
@@ -136,10 +138,24 @@ def test_skipped_vocabulary_tokens_leave_the_executed_count_four_projections_eac
   matmuls (4 x 2 x V x E), or 3 with the logits kept; model FLOPs count every token."""
   c = cc._model(schema.from_config(tiny_config())).config
   for recompute, projections in ((True, 4), (False, 3)):
-    cr = c.replace(logprob_recompute=recompute)
+    cr = c.replace(logprob_recompute=recompute, logprob_keep_bytes=0)
     every, part = cc.train_flops(cr, 10, 100), cc.train_flops(cr, 10, 100, vocab_tokens=400)
     assert every["executed"] - part["executed"] == projections * 2 * 512 * 256 * 600
     assert every["model"] == part["model"]
+
+
+def test_the_logits_are_kept_when_their_blocks_fit_in_logprob_keep_bytes():
+  """logprob_keep_bytes: the backward reuses the kept blocks (3 projections a token, not 4) when a row shard's
+  float32 [tokens, vocab] blocks fit: 1000 tokens in chunks of 500 of 512 words, with tails of 252, 126 and 63."""
+  assert vocab_logprobs.kept_block_bytes(1000, 512, 3, 512) == 4 * 512 * (1000 + 252 + 126 + 63)
+  assert vocab_logprobs.kept_block_bytes(1000, 512, 3, 512, needed_mask=False) == 4 * 512 * 1000
+  c = cc._model(schema.from_config(tiny_config())).config.replace(logprob_chunk_tokens=512, logprob_tail_levels=3)
+  kept = vocab_logprobs.kept_block_bytes(1000, 512, 3, c.vocab_size)
+  count = lambda keep_bytes, **kw: cc.train_flops(c.replace(logprob_keep_bytes=keep_bytes), 10, 100, **kw)  # noqa
+  assert count(kept)["executed"] == cc.train_flops(c.replace(logprob_recompute=False), 10, 100)["executed"]
+  assert count(kept - 1)["executed"] - count(kept)["executed"] == 2 * c.vocab_size * c.hidden_size * 1000
+  assert count(kept - 1, shard_tokens=500)["executed"] == count(kept)["executed"]  # a smaller shard fits
+  assert count(2 << 30)["model"] == count(0)["model"]
 
 
 def test_remat_policy_and_mlp_pieces_change_only_the_executed_count():

@@ -13,7 +13,7 @@ from oapl_jax import parallel
 from oapl_jax.models import decoder, vocab_logprobs
 from oapl_jax.models.qwen.config import QwenConfig
 
-TINY = QwenConfig.tiny(num_layers=1)
+TINY = QwenConfig.tiny(num_layers=1, logprob_keep_bytes=0)  # recompute=True recomputes, whatever the size
 _PROJECT = lambda w, h: jnp.einsum("...e,ve->...v", h, w)  # pylint: disable=unnecessary-lambda-assignment
 
 
@@ -192,7 +192,7 @@ def test_backward_memory_does_not_grow_with_rows():
   this test held 32 MiB at B=2 and 130 MiB at B=8)."""
   chunk_tokens, V, T = 64, 32768, 64
   config = QwenConfig.tiny(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                           num_kv_heads=1, head_dim=16, logprob_chunk_tokens=chunk_tokens)
+                           num_kv_heads=1, head_dim=16, logprob_chunk_tokens=chunk_tokens, logprob_keep_bytes=0)
   block = chunk_tokens * V * 4
   temp_2, temp_8 = _backward_temp_bytes(config, 2, T), _backward_temp_bytes(config, 8, T)
   assert temp_2 > block  # the vocabulary block is really in the measure
@@ -250,13 +250,16 @@ def test_keeping_the_logits_saves_exactly_one_projection_in_the_backward():
   params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
   tokens = jnp.zeros((B, T), jnp.int32)
 
-  def flops(recompute):
-    c = config.replace(logprob_recompute=recompute)
+  def flops(recompute, keep_bytes=0):
+    c = config.replace(logprob_recompute=recompute, logprob_keep_bytes=keep_bytes)
     grad = jax.jit(jax.grad(lambda p: jnp.sum(decoder.token_logprobs(p, c, tokens, tokens, with_entropy=True)[0])))
     cost = grad.lower(params).compile().cost_analysis()
     return (cost[0] if isinstance(cost, (list, tuple)) else cost)["flops"]
 
   saved = flops(True) - flops(False)
+  # logprob_keep_bytes: recompute=True keeps the blocks when all of them fit (here 32 tokens x 4096 words x 4 B)
+  assert flops(True, keep_bytes=32 * 4096 * 4) == flops(False) and flops(True, keep_bytes=32 * 4096 * 4 - 1) \
+      == flops(True)
   one_projection = 2 * config.logprob_chunk_tokens * config.hidden_size * config.vocab_size
   assert abs(saved - one_projection) < 0.05 * one_projection, (saved, one_projection)
 

@@ -377,8 +377,9 @@ def token_logprobs(params, config: DecoderConfig, tokens_BxT, targets_BxT, posit
 
   The vocabulary projection runs through models/vocab_logprobs.token_logprobs: chunks of at most
   `config.logprob_chunk_tokens` tokens per row shard, each with a hand-written VJP (one log-normaliser kept
-  per token, the logits recomputed in the backward unless `config.logprob_recompute` is False), so float32
-  [chunk tokens, V] blocks are alive per device however many rows the batch has. `needed_BxT`: the positions
+  per token, the logits recomputed in the backward unless `config.logprob_recompute` is False or the kept
+  blocks fit in `config.logprob_keep_bytes`), so when recomputing one float32 [chunk tokens, V] block is alive
+  per device however many rows the batch has. `needed_BxT`: the positions
   whose values are read (a loss's response mask); the others give 0 and cost no projection. With
   `with_entropy`, also returns the per-position entropy. `lora`: adapters applied inside the layers (see
   Projection), B pre-scaled; None for the plain model.
@@ -391,7 +392,8 @@ def token_logprobs(params, config: DecoderConfig, tokens_BxT, targets_BxT, posit
   return vocab_logprobs.token_logprobs(
       functools.partial(_project_vocab, config), vocab_params, hidden_BxTxE, targets_BxT, needed_BxT,
       chunk_tokens=config.logprob_chunk_tokens, temperature=temperature, with_entropy=with_entropy,
-      recompute=config.logprob_recompute, tail_levels=config.logprob_tail_levels)
+      recompute=config.logprob_recompute, tail_levels=config.logprob_tail_levels,
+      keep_bytes=config.logprob_keep_bytes)
 
 
 def _project_vocab(config: DecoderConfig, vocab_params, hidden_BxTxE):

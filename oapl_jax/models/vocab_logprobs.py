@@ -177,6 +177,21 @@ def tail_sizes(chunk: int, levels: int) -> tuple[int, ...]:
   return tuple(unit << j for j in reversed(range(levels)) if unit << j < chunk)
 
 
+def kept_block_bytes(tokens: int, chunk_tokens: int, tail_levels: int, vocab: int, needed_mask: bool = True) -> int:
+  """Bytes per device of the float32 blocks the forward keeps when the backward reuses them (recompute=False): every
+  chunk's [C, V] (and, with a needed-positions mask, every tail's), live or not, for a row shard of `tokens`."""
+  chunks, chunk = chunk_plan(tokens, chunk_tokens)
+  tails = tail_sizes(chunk, tail_levels) if needed_mask else ()
+  return 4 * vocab * (chunks * chunk + sum(tails))
+
+
+def recomputes(recompute: bool, keep_bytes: int, tokens: int, chunk_tokens: int, tail_levels: int, vocab: int,
+               needed_mask: bool = True) -> bool:
+  """Whether the backward recomputes the logits: recompute=False never does; recompute=True does unless the kept
+  blocks (kept_block_bytes) fit in `keep_bytes` (models/execution.Execution.logprob_keep_bytes)."""
+  return recompute and kept_block_bytes(tokens, chunk_tokens, tail_levels, vocab, needed_mask) > keep_bytes
+
+
 def projected_tokens(needed: int, tokens: int, chunk_tokens: int, tail_levels: int) -> int:
   """How many tokens a row shard of `tokens` positions, `needed` of them read, runs through the projection
   (token_logprobs' plan, on the host: for FLOP counts)."""
@@ -191,7 +206,7 @@ def projected_tokens(needed: int, tokens: int, chunk_tokens: int, tail_levels: i
 
 def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=None, *, chunk_tokens: int,
                    temperature: float = 1.0, with_entropy: bool = False, recompute: bool = True,
-                   tail_levels: int = 0):
+                   tail_levels: int = 0, keep_bytes: int = 0):
   """log softmax(project(w, hidden) / temperature)[target] per position, float32 [B, T] (and entropies).
 
   Each row shard's tokens (its rows' positions, in order) run through `chunk_logprobs` in chunks of at most
@@ -202,7 +217,8 @@ def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=N
   padding cost no vocabulary projection. With `tail_levels` > 0 the needed tokens past the last whole chunk
   run in chunks of `tail_sizes(chunk, tail_levels)` instead of one more whole chunk, so the projection runs on
   at most a unit (chunk / 2^levels) more tokens than are needed, not up to a chunk more, at one more skipped
-  or run chunk per level (each run chunk sums one more [V, E] weight gradient).
+  or run chunk per level (each run chunk sums one more [V, E] weight gradient). With `recompute`, the backward
+  still reuses kept blocks when all of them take at most `keep_bytes` per device (`recomputes`).
   """
   B, T, E = hidden_BxTxE.shape
   ctx = parallel.current_context()
@@ -210,6 +226,9 @@ def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=N
   S = S if B % S == 0 else 1
   N = B // S * T  # tokens per row shard: rows are sharded in contiguous blocks
   K, C = chunk_plan(N, chunk_tokens)
+  if recompute and keep_bytes:
+    vocab = jax.eval_shape(project, w, hidden_BxTxE[:1, :1]).shape[-1]
+    recompute = recomputes(recompute, keep_bytes, N, chunk_tokens, tail_levels, vocab, needed_BxT is not None)
   h_SxNxE, targets_SxN = hidden_BxTxE.reshape(S, N, E), targets_BxT.reshape(S, N)
   tails, live_K = (), None
   if needed_BxT is not None:
