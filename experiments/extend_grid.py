@@ -7,6 +7,7 @@ arms (the main OAPL arm and off-by-one GRPO) rerun at the re-chosen settings on 
   python -m experiments.extend_grid --config configs/claims.py:arithmetic,digits3 --runs runs/claims_v3 \
       --point oapl:3e-5:0.05 --point oapl:1e-4:0.05 --point oapl:3e-4:0.05 --point grpo:1e-3:0.1 ...
   ... --claim1                 # then the claim-1 arms at the extended winners, 8 seeds, paired
+  python -m experiments.extend_grid --config configs/own_task.py --set loop.batch_prompts=4 ...  # a reshaped study
 
 The runs share the study's run directories (same cell names), so the study's reports see them as cells.
 """
@@ -32,12 +33,16 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--config", required=True)
   p.add_argument("--runs", required=True)
+  p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                 help="the study's own --set reshapes (the same ones, so the same directories and warm start)")
   p.add_argument("--point", action="append", default=[], help="LOSS:LR:KNOB, a tuning point to add")
   p.add_argument("--claim1", action="store_true", help="rerun the claim-1 arms at the extended winners")
   p.add_argument("--collect", action="store_true", help="run nothing; print what exists")
   args = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  study = plan.make_study(None, args.config, secondary=False)
+  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  sets = dict(files.parse_override(s) for s in args.set)
+  study = plan.make_study(None, args.config, secondary=False, sets=sets)
   claims.enable_compile_cache(os.path.join(args.runs, "jax_cache"))
   runner = claims.Runner(study, args.runs, collect=args.collect)
   warm = claims.warm_dir_of(args.runs, study)
