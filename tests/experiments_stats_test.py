@@ -187,6 +187,20 @@ def test_the_warm_start_is_keyed_by_what_it_is_made_from():
   assert plan.warm_key(plan.make_study(config="configs/own_task.py", smoke=True)) != key
 
 
+def test_a_reshaped_study_has_its_own_name_shape_and_warm_start():
+  """--set: the reshape reaches every cell's overrides and the warm start, and names the directories, so it never
+  resumes the unshaped study's runs."""
+  plain = plan.make_study(config="configs/own_task.py")
+  shaped = plan.make_study(config="configs/own_task.py", sets={"loop.batch_prompts": 4, "warmstart.steps": 500})
+  assert shaped.name == "own_task_batch_prompts4_steps500" and shaped.batch == 4
+  assert dict(shaped.shared) == {"loop.batch_prompts": 4, "warmstart.steps": 500}
+  cell = shaped.cell(shaped.arms()["oapl_L50"], (1e-4, 0.25), 0)
+  assert plan.overrides(shaped, cell, "/w")["warmstart.steps"] == 0  # a cell starts from the warm start
+  assert plan.overrides(shaped, cell, "/w")["loop.batch_prompts"] == 4
+  assert plan.warm_key(shaped) != plan.warm_key(plain)
+  assert "--config.loop.batch_prompts=4" in plan.command(shaped, cell, "/w", "/x")
+
+
 def test_the_warm_start_key_names_the_devices(monkeypatch):
   import jax
   study = plan.make_study(config="configs/own_task.py")
