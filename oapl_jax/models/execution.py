@@ -42,9 +42,10 @@ class Execution:
   # batch: for small batches on CPU or GPU with memory to spare, not the paper's 16K-token sequences)
   logprob_recompute: bool = True
   # with logprob_recompute, the backward still reuses the forward's logits when the kept float32 blocks of one
-  # (micro-)batch take at most this many bytes per device ([tokens per row shard, vocab]: 1.2 GB for 2 x 4 x 256
-  # tokens at Qwen's 151,936 words, 10 GB for one 16K-token sequence): small batches get the faster backward,
-  # long sequences the memory saving. 0: always recompute.
+  # (micro-)batch take at most this many bytes per device ([tokens per row shard, vocab] float32, every chunk's
+  # block and the tails', run or skipped: 1.4 GiB for 2 x 4 x 256 tokens at Qwen's 151,936 words, 11 GiB for one
+  # 18K-token sequence): small batches get the faster backward, long sequences the memory saving. 0: always
+  # recompute.
   logprob_keep_bytes: int = sections.rule(2 << 30, low=0)
   # Training and prefill attention kernel (models/attention.py): auto | splash | cudnn | blockwise | reference;
   # "auto" picks by the platform of the mesh being traced for (so a TPU compile check gets splash).
