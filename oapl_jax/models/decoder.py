@@ -317,9 +317,18 @@ class Decoder(nn.Module):
     return self.final_norm(x_BxTxE)
 
   def logits(self, hidden_BxTxE):
-    if self.config.tie_word_embeddings:
-      return self.embed.attend(hidden_BxTxE)
+    if self.config.tie_word_embeddings:  # Embed.attend's value, contracted in the table's own [V, E] order
+      return _attend(self.embed, hidden_BxTxE)
     return self.lm_head(hidden_BxTxE)
+
+
+def _attend(embed: nn.Embed, hidden_BxTxE):
+  """hidden . table over E, as nn.Embed.attend, without its explicit transpose of the table. XLA:CPU runs
+  `h @ table.T` at one row as a transposing loop fusion: 26.3 ms against 21.5 ms for this dot at Qwen3-0.6B's
+  vocabulary (1 x 1,024 by 151,936 x 1,024, float32, Intel AVX-512 host, 2026-11-27), the batch-1 decode step's
+  largest op."""
+  hidden_BxTxE, table_VxE = embed.promote_dtype(hidden_BxTxE, embed.embedding, dtype=embed.dtype)
+  return jax.lax.dot_general(hidden_BxTxE, table_VxE, (((hidden_BxTxE.ndim - 1,), (1,)), ((), ())))
 
 
 # ---------------------------------------------------------------- the sampler's layout and forward
