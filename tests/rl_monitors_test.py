@@ -33,6 +33,23 @@ def test_a_non_finite_reward_skips_the_update_and_keeps_the_state():
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(jax.device_get(state.params)))
 
 
+def test_a_nan_weight_no_token_reads_still_skips_the_update():
+  """The guard reads norms, not every entry: a NaN in an input-embedding row no token of the batch looks up leaves
+  the loss and every gradient finite, and only the params' norm sees it. The step is skipped, state untouched."""
+  model = api.for_config(QwenConfig.tiny(tie_word_embeddings=False))
+  layout = parallel.Layout.single_device()
+  params, _ = parallel.init_sharded(lambda: model.init_params(jax.random.PRNGKey(0)), layout.mesh, layout.rules)
+  batch = train_bench.make_batch(2, 2, 12, 256, seed=1, prompt_len=3, min_response=1)
+  unread = int(np.setdiff1d(np.arange(256), batch["tokens"])[0])
+  params["embed"]["embedding"] = params["embed"]["embedding"].at[unread, 0].set(jnp.nan)
+  config = trainer.TrainConfig(loss_settings=objectives.OAPLSettings(beta1=0.5, beta2=0.1))
+  state = trainer.create_train_state(config, model, params, layout)
+  before = jax.device_get(state.params)
+  state, metrics = trainer.make_train_step(config, model, layout)(state, batch, jax.random.PRNGKey(0))
+  assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+  assert np.isnan(float(metrics["param_norm"])) and float(metrics["update_skipped"]) == 1.0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), before)
+
 def test_repeated_skips_stop_with_a_clear_error():
   monitor = HealthMonitor(MonitorConfig(max_skipped_updates=3))
   monitor.observe(0, {"loss": 0.5, "update_skipped": 0.0}, None)
