@@ -199,17 +199,18 @@ def test_backward_memory_does_not_grow_with_rows():
   assert temp_8 - temp_2 < block / 2, (temp_2, temp_8)
 
 
+@pytest.mark.parametrize("keep_bytes", [0, 2 << 30])
 @pytest.mark.parametrize("with_needed", [False, True])
 @pytest.mark.devices(8)
-def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows(with_needed):
+def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows(with_needed, keep_bytes):
   """On 8 devices, rows over (data, fsdp) = 4 shards and the vocabulary over tensor = 2: values and
   gradients equal one device's, and every device projects chunks of exactly `logprob_chunk_tokens` of its
   own rows' tokens (with a needed-positions mask too: each shard reorders its own tokens). Chunking rows
   across shards would leave chunk rows replicated ([8, 12, V/2] per device) or starve each device (6 tokens
-  per chunk on 16 trips)."""
+  per chunk on 16 trips). Recomputing, the chunks run as a map (2 trips); kept, as separate calls (no loop)."""
   assert jax.device_count() == 8
   V, B, T = 4096, 16, 12
-  config = QwenConfig.tiny(vocab_size=V, num_layers=1, logprob_chunk_tokens=24)
+  config = QwenConfig.tiny(vocab_size=V, num_layers=1, logprob_chunk_tokens=24, logprob_keep_bytes=keep_bytes)
   params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(1)))
   rng = np.random.RandomState(1)
   tokens, targets = (rng.randint(0, V, (B, T)).astype(np.int32) for _ in range(2))
@@ -238,13 +239,16 @@ def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows(with
   # the tails that stand in for a partly needed last chunk: 12, 6 and 3 tokens).
   want_blocks = {"24", "12", "6", "3"} if with_needed else {"24"}
   assert set(re.findall(rf"f32\[(\d+),(\d+),{V // 2}\]", hlo)) == {("1", c) for c in want_blocks}
-  assert set(re.findall(r'known_trip_count":\{"n":"(\d+)"', hlo)) == {"2"}  # forward and backward: 4 rows / 2
+  trips = set(re.findall(r'known_trip_count":\{"n":"(\d+)"', hlo))
+  assert trips == ({"2"} if keep_bytes == 0 else set())  # forward and backward: 4 rows / 2
 
 
-def test_keeping_the_logits_saves_exactly_one_projection_in_the_backward():
+def test_keeping_the_logits_saves_exactly_one_projection_in_the_backward(monkeypatch):
   """XLA's FLOP count of the gradient: recompute=False does one [tokens, E] x [E, V] matmul fewer
   (2 x tokens x E x V FLOPs) than recomputing the logits in the backward. XLA's cost analysis counts a loop
-  body once, so the difference is one chunk's projection (4 chunks of 8 tokens here)."""
+  body once, so under the map the difference is one chunk's projection (4 chunks of 8 tokens here); kept chunks
+  run as separate calls by default, and each is counted."""
+  monkeypatch.setattr(vocab_logprobs, "UNROLLED_KEPT_CHUNKS", 0)  # the map on both paths
   B, T = 2, 16
   config = QwenConfig.tiny(vocab_size=4096, num_layers=1, logprob_chunk_tokens=8)
   params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
@@ -262,6 +266,10 @@ def test_keeping_the_logits_saves_exactly_one_projection_in_the_backward():
       == flops(True)
   one_projection = 2 * config.logprob_chunk_tokens * config.hidden_size * config.vocab_size
   assert abs(saved - one_projection) < 0.05 * one_projection, (saved, one_projection)
+  kept_in_a_map = flops(False)
+  monkeypatch.setattr(vocab_logprobs, "UNROLLED_KEPT_CHUNKS", 4)
+  three_more_chunks = 3 * 3 * one_projection  # each: its forward projection and the backward's two matmuls
+  assert abs(flops(False) - kept_in_a_map - three_more_chunks) < 0.05 * three_more_chunks
 
 
 @pytest.mark.parametrize("recompute", [True, False])

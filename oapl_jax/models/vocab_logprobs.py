@@ -33,6 +33,12 @@ from jax import custom_derivatives
 from oapl_jax import parallel
 
 
+# The kept path runs up to this many whole chunks as separate calls instead of a map over them. Under a map, every
+# chunk's kept block is written into a zero-filled stacked output and sliced out again for the backward: at train_bench's
+# 2 x 4 x 256 (Qwen3-0.6B width, 2 chunks and a tail run) the log-probs' forward and backward took 6.76 vs 6.46 s.
+UNROLLED_KEPT_CHUNKS = 8
+
+
 def _scaled(logits_RxCxV, temperature: float):
   z_RxCxV = logits_RxCxV.astype(jnp.float32)
   return z_RxCxV if temperature == 1.0 else z_RxCxV / temperature
@@ -48,21 +54,23 @@ def _forward(project, temperature, with_entropy, keep, w, h_RxCxE, targets_RxC):
   max_RxC = jnp.max(z_RxCxV, axis=-1)
   max_RxC = jnp.where(jnp.isfinite(max_RxC), max_RxC, 0.0)
   e_RxCxV = jnp.exp(z_RxCxV - max_RxC[..., None])
-  sum_RxC = jnp.sum(e_RxCxV, axis=-1)
+  sum_RxC, ez_RxC = _sums_last(e_RxCxV, z_RxCxV) if with_entropy else (jnp.sum(e_RxCxV, axis=-1), None)
   logz_RxC = jnp.log(sum_RxC) + max_RxC
   logp_RxC = jnp.take_along_axis(z_RxCxV, targets_RxC[..., None], axis=-1)[..., 0] - logz_RxC
   kept = (sum_RxC, _minus_at_targets(e_RxCxV, targets_RxC, sum_RxC).astype(logits_RxCxV.dtype)) if keep else ()
   if not with_entropy:
     return (logp_RxC, None), logz_RxC, kept
-  entropy_RxC = logz_RxC - _sum_last(e_RxCxV * z_RxCxV) / sum_RxC
+  entropy_RxC = logz_RxC - ez_RxC / sum_RxC
   return (logp_RxC, entropy_RxC), logz_RxC, kept
 
 
-def _sum_last(x_RxCxV):
-  """Sum over the last axis, taken over the [R * C, V] view. XLA's CPU backend runs this multiply-sum as a YNNPACK
-  fusion that is ~6x slower on the 3-d [1, C, V] block than on its 2-d view (1.65 vs 0.26 s at C = 512,
-  V = 151,936 on an Intel AVX-512 host, 2026-11-27): the entropy's sum was ~16% of a real-width train step there."""
-  return jnp.sum(x_RxCxV.reshape(-1, x_RxCxV.shape[-1]), axis=-1).reshape(x_RxCxV.shape[:-1])
+def _sums_last(e_RxCxV, z_RxCxV):
+  """(sum e, sum e * z) over the last axis, in one variadic reduction. XLA's CPU backend runs a lone multiply-sum as
+  a YNNPACK fusion far below the memory rate: over [512, 151,936] float32, sum(e * z) took 171 ms and sum(e) 22 ms,
+  both as one reduction 66 ms (Intel AVX-512 host, 2026-11-27; the entropy's sum was ~16% of a real-width train step
+  there before it ran on a 2-d view, 4% after)."""
+  return jax.lax.reduce((e_RxCxV, e_RxCxV * z_RxCxV), (jnp.float32(0), jnp.float32(0)),
+                        lambda a, b: (a[0] + b[0], a[1] + b[1]), (e_RxCxV.ndim - 1,))
 
 
 def _minus_at_targets(x_RxCxV, targets_RxC, amount_RxC):
@@ -260,7 +268,12 @@ def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=N
 
   pad = lambda x: jnp.pad(x, ((0, 0), (0, K * C - N)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
   h_SxPxE, targets_SxP = pad(h_SxNxE), pad(targets_SxN)
-  out = jax.lax.map(lambda xs: one_chunk(*xs), (to_chunks(h_SxPxE), to_chunks(targets_SxP), live_K))
+  chunks = (to_chunks(h_SxPxE), to_chunks(targets_SxP), live_K)
+  if recompute or K > UNROLLED_KEPT_CHUNKS:
+    out = jax.lax.map(lambda xs: one_chunk(*xs), chunks)
+  else:  # each kept block its own buffer: no stacked output to zero-fill, write into and slice again
+    out = [one_chunk(*(None if x is None else x[k] for x in chunks)) for k in range(K)]
+    out = jax.tree.map(lambda *x_K: jnp.stack(x_K), *out)
   out = jax.tree.map(lambda x_KxSxC: jnp.swapaxes(x_KxSxC, 0, 1).reshape(S, K * C), out)
   for size in tails:  # each at its place after the whole chunks and the larger tails that run
     bit = size // unit
