@@ -34,8 +34,9 @@ from oapl_jax import parallel
 
 
 # The kept path runs up to this many whole chunks as separate calls instead of a map over them. Under a map, every
-# chunk's kept block is written into a zero-filled stacked output and sliced out again for the backward: at train_bench's
-# 2 x 4 x 256 (Qwen3-0.6B width, 2 chunks and a tail run) the log-probs' forward and backward took 6.76 vs 6.46 s.
+# chunk's kept block is written into a zero-filled stacked output and sliced out again for the backward: at
+# train_bench's 2 x 4 x 256 (Qwen3-0.6B width, 2 chunks and a tail run) the log-probs' forward and backward took
+# 6.76 vs 6.46 s.
 UNROLLED_KEPT_CHUNKS = 8
 
 
