@@ -33,10 +33,11 @@ from jax import custom_derivatives
 from oapl_jax import parallel
 
 
-# The kept path runs up to this many whole chunks as separate calls instead of a map over them. Under a map, every
-# chunk's kept block is written into a zero-filled stacked output and sliced out again for the backward: at
-# train_bench's 2 x 4 x 256 (Qwen3-0.6B width, 2 chunks and a tail run) the log-probs' forward and backward took
-# 6.76 vs 6.46 s.
+# With a needed-positions mask, the kept path runs up to this many whole chunks, and the tails, as pieces of one call
+# (_kept_pieces) instead of a map over the chunks. Under a map, every chunk's kept block is written into a zero-filled
+# stacked output and sliced out again for the backward: at train_bench's 2 x 4 x 256 (Qwen3-0.6B width, 2 chunks and a
+# tail run) the log-probs' forward and backward took 6.76 vs 6.46 s, and XLA's temporaries 2.84 vs 2.36 GiB with the
+# pieces' weight gradients summed one by one. (Without a mask no piece is skipped, and XLA summed them all at once.)
 UNROLLED_KEPT_CHUNKS = 8
 
 
@@ -108,8 +109,9 @@ def _chunk_fwd_rule(project, temperature, with_entropy, recompute, *primals):
   return _chunk_fwd(project, temperature, with_entropy, recompute, *values)
 
 
-def _chunk_bwd(project, temperature, with_entropy, recompute, residuals, cotangents):
-  """dz = g * (onehot - p) (+ the entropy's term), then the projection's transpose (two matmuls).
+def _chunk_grads(project, temperature, with_entropy, recompute, residuals, cotangents):
+  """A function giving the chunk's (dw, dh): dz = g * (onehot - p) (+ the entropy's term), then the projection's
+  transpose (two matmuls).
 
   Recomputing: one exp pass over the recomputed logits writes g * (p - onehot) scaled, the target entry by an
   in-place update. Kept: the forward's block is e - sum(e) * onehot, so dz = -(g / sum e) * block, and the
@@ -151,11 +153,51 @@ def _chunk_bwd(project, temperature, with_entropy, recompute, residuals, cotange
     dw, dh_RxCxE = project_vjp(block_RxCxV)
     return dw, (dh_RxCxE * scale_RxC[..., None]).astype(h_RxCxE.dtype)
 
-  dw, dh_RxCxE = _when(live, run)
+  return run
+
+
+def _chunk_bwd(project, temperature, with_entropy, recompute, residuals, cotangents):
+  dw, dh_RxCxE = _when(residuals[3], _chunk_grads(project, temperature, with_entropy, recompute, residuals, cotangents))
   return dw, dh_RxCxE, None, None
 
 
 _chunk.defvjp(_chunk_fwd_rule, _chunk_bwd, symbolic_zeros=True)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _kept_pieces(project, temperature, with_entropy, w, hs, targets, lives):
+  """_chunk with kept blocks over several pieces (chunks of any sizes) at once: the backward sums the pieces' weight
+  gradients in one buffer, a skipped piece adding nothing, where separate calls leave each piece's gradient (zeros
+  for a skipped one) alive to one sum at the end."""
+  return _kept_pieces_fwd(project, temperature, with_entropy, w, hs, targets, lives)[0]
+
+
+def _kept_pieces_fwd(project, temperature, with_entropy, w, hs, targets, lives):
+  outs = [_chunk_fwd(project, temperature, with_entropy, False, w, *xs) for xs in zip(hs, targets, lives)]
+  return tuple(o for o, _ in outs), tuple(r for _, r in outs)
+
+
+def _kept_pieces_fwd_rule(project, temperature, with_entropy, *primals):
+  values = jax.tree.map(lambda p: p.value, primals, is_leaf=lambda x: isinstance(x, custom_derivatives.CustomVJPPrimal))
+  return _kept_pieces_fwd(project, temperature, with_entropy, *values)
+
+
+def _kept_pieces_bwd(project, temperature, with_entropy, residuals, cotangents):
+  dw, dhs = None, []
+  for res, cts in zip(residuals, cotangents):
+    live, h_RxCxE = res[3], res[1]
+    run = _chunk_grads(project, temperature, with_entropy, False, res, cts)
+    if dw is None:
+      dw, dh_RxCxE = _when(live, run)
+    else:
+      add = lambda acc: (lambda g: (jax.tree.map(jnp.add, acc, g[0]), g[1]))(run())  # noqa: E731
+      dw, dh_RxCxE = add(dw) if live is None else jax.lax.cond(
+          live, add, lambda acc: (acc, jnp.zeros_like(h_RxCxE)), dw)
+    dhs.append(dh_RxCxE)
+  return dw, tuple(dhs), tuple(None for _ in dhs), tuple(None for _ in dhs)
+
+
+_kept_pieces.defvjp(_kept_pieces_fwd_rule, _kept_pieces_bwd, symbolic_zeros=True)
 
 
 def chunk_logprobs(project: Callable, w, h_RxCxE, targets_RxC, temperature: float = 1.0, with_entropy: bool = False,
@@ -270,17 +312,22 @@ def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=N
   pad = lambda x: jnp.pad(x, ((0, 0), (0, K * C - N)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
   h_SxPxE, targets_SxP = pad(h_SxNxE), pad(targets_SxN)
   chunks = (to_chunks(h_SxPxE), to_chunks(targets_SxP), live_K)
-  if recompute or K > UNROLLED_KEPT_CHUNKS:
-    out = jax.lax.map(lambda xs: one_chunk(*xs), chunks)
-  else:  # each kept block its own buffer: no stacked output to zero-fill, write into and slice again
-    out = [one_chunk(*(None if x is None else x[k] for x in chunks)) for k in range(K)]
-    out = jax.tree.map(lambda *x_K: jnp.stack(x_K), *out)
-  out = jax.tree.map(lambda x_KxSxC: jnp.swapaxes(x_KxSxC, 0, 1).reshape(S, K * C), out)
-  for size in tails:  # each at its place after the whole chunks and the larger tails that run
+  tail_pieces = []  # (start, h, targets, live): each at its place after the whole chunks and the larger tails that run
+  for size in tails:
     bit = size // unit
     start = whole * C + (units & ~(2 * bit - 1)) * unit
     take = lambda x: shard_constrained(jax.lax.dynamic_slice_in_dim(x, start, size, axis=1))  # noqa: E731
-    tail = one_chunk(take(h_SxPxE), take(targets_SxP), by_tails & (units & bit > 0))
+    tail_pieces.append((start, take(h_SxPxE), take(targets_SxP), by_tails & (units & bit > 0)))
+  if recompute or K > UNROLLED_KEPT_CHUNKS or live_K is None:
+    out = jax.lax.map(lambda xs: one_chunk(*xs), chunks)
+    tail_outs = [one_chunk(*piece[1:]) for piece in tail_pieces]
+  else:  # each kept block its own buffer: no stacked output to zero-fill, write into and slice again
+    pieces = [tuple(None if x is None else x[k] for x in chunks) for k in range(K)] + [p[1:] for p in tail_pieces]
+    outs = _kept_pieces(project, float(temperature), bool(with_entropy), w, *zip(*pieces))
+    outs = [o if with_entropy else o[0] for o in outs]
+    out, tail_outs = jax.tree.map(lambda *x_K: jnp.stack(x_K), *outs[:K]), outs[K:]
+  out = jax.tree.map(lambda x_KxSxC: jnp.swapaxes(x_KxSxC, 0, 1).reshape(S, K * C), out)
+  for (start, *_), tail in zip(tail_pieces, tail_outs):
     out = jax.tree.map(lambda o, t: o + jax.lax.dynamic_update_slice_in_dim(jnp.zeros_like(o), t, start, 1),
                        out, tail)
 
