@@ -103,10 +103,13 @@ def _chunk_fwd(project, temperature, with_entropy, recompute, w, h_RxCxE, target
   return out, (w, h_RxCxE, targets_RxC, live, logz_RxC, out[1], kept)
 
 
+def _values(primals):
+  """The primals' values: symbolic_zeros=True wraps each leaf in a CustomVJPPrimal."""
+  return jax.tree.map(lambda p: p.value, primals, is_leaf=lambda x: isinstance(x, custom_derivatives.CustomVJPPrimal))
+
+
 def _chunk_fwd_rule(project, temperature, with_entropy, recompute, *primals):
-  """_chunk_fwd on the primals' values (symbolic_zeros=True wraps each leaf in a CustomVJPPrimal)."""
-  values = jax.tree.map(lambda p: p.value, primals, is_leaf=lambda x: isinstance(x, custom_derivatives.CustomVJPPrimal))
-  return _chunk_fwd(project, temperature, with_entropy, recompute, *values)
+  return _chunk_fwd(project, temperature, with_entropy, recompute, *_values(primals))
 
 
 def _chunk_grads(project, temperature, with_entropy, recompute, residuals, cotangents):
@@ -178,21 +181,24 @@ def _kept_pieces_fwd(project, temperature, with_entropy, w, hs, targets, lives):
 
 
 def _kept_pieces_fwd_rule(project, temperature, with_entropy, *primals):
-  values = jax.tree.map(lambda p: p.value, primals, is_leaf=lambda x: isinstance(x, custom_derivatives.CustomVJPPrimal))
-  return _kept_pieces_fwd(project, temperature, with_entropy, *values)
+  return _kept_pieces_fwd(project, temperature, with_entropy, *_values(primals))
 
 
 def _kept_pieces_bwd(project, temperature, with_entropy, residuals, cotangents):
+  """Each piece's (dw, dh); dw added to the sum so far inside the piece's `live` cond (a traced bool per piece)."""
   dw, dhs = None, []
   for res, cts in zip(residuals, cotangents):
     live, h_RxCxE = res[3], res[1]
     run = _chunk_grads(project, temperature, with_entropy, False, res, cts)
+
+    def added(acc, run=run):
+      dw_piece, dh_RxCxE = run()
+      return jax.tree.map(jnp.add, acc, dw_piece), dh_RxCxE
+
     if dw is None:
       dw, dh_RxCxE = _when(live, run)
     else:
-      add = lambda acc: (lambda g: (jax.tree.map(jnp.add, acc, g[0]), g[1]))(run())  # noqa: E731
-      dw, dh_RxCxE = add(dw) if live is None else jax.lax.cond(
-          live, add, lambda acc: (acc, jnp.zeros_like(h_RxCxE)), dw)
+      dw, dh_RxCxE = jax.lax.cond(live, added, lambda acc: (acc, jnp.zeros_like(h_RxCxE)), dw)
     dhs.append(dh_RxCxE)
   return dw, tuple(dhs), tuple(None for _ in dhs), tuple(None for _ in dhs)
 
