@@ -25,7 +25,7 @@ import shlex
 import sys
 import time
 
-from experiments import claims, paired_stats, plan, results
+from experiments import claims, paired_stats, plan, results, task_config
 
 
 def parse_arm(text: str) -> tuple[str, dict]:
@@ -50,7 +50,7 @@ def run_one(study: plan.Study, overrides: dict, warm_dir: str, workdir: str) -> 
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
   rc, history = schema.from_config(cfg), run.reporter.history()
-  _, tests = claims.task_and_tests(rc.task)
+  _, tests = task_config.task_and_tests(rc.task)
   samples, ks = claims.final_sampling(study)
   params = run.sampler.prepare(run.policy_params(run.state))
   final = {"overrides": overrides, "trainer_steps": summary["trainer_steps"],
@@ -145,7 +145,6 @@ def main(argv=None) -> int:
   p.add_argument("--metrics", default="test/pass@1,test/pass@8,generations,refreshes,wall_seconds")
   args = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  from experiments import task_config  # pylint: disable=import-outside-toplevel
   study = plan.make_study(None if args.config else "arithmetic", args.config, smoke=args.smoke)
   try:
     task_config.preflight(study.config, dict(plan.shape_overrides(study)))

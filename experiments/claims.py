@@ -22,7 +22,6 @@ Resumable: a run with final_eval.json is skipped; an unfinished one resumes from
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import time
 from typing import Optional
@@ -37,12 +36,6 @@ SMOKE_SAMPLES = (8, (1, 2, 4, 8))
 def final_sampling(study: plan.Study) -> tuple[int, tuple[int, ...]]:
   """(samples per test prompt, ks) of the end-of-run test eval."""
   return SMOKE_SAMPLES if study.smoke else FINAL_SAMPLES
-
-
-def task_and_tests(task_section):
-  """(the loop's task, {test set name: problems}) from the study task's own `build` (split_task, hard_tail)."""
-  module = importlib.import_module(task_section["name"].partition(":")[0])
-  return module.build(task_section)
 
 
 def run_config(study: plan.Study, cell: plan.Cell, warm_dir: str):
@@ -67,7 +60,7 @@ def execute(study: plan.Study, cell: plan.Cell, workdir: str, warm_dir: str) -> 
   summary = loop.train(run)
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
-  _, tests = task_and_tests(rc.task)
+  _, tests = task_config.task_and_tests(rc.task)
   samples, ks = final_sampling(study)
   params = run.sampler.prepare(run.state.params)
   final = {"cell": cell.name, "arm": cell.arm.name, "task": study.name, "loss": cell.arm.loss, "lr": cell.lr,
@@ -99,7 +92,7 @@ def warm_start(study: plan.Study, directory: str) -> dict:
   cfg = files.load(study.config, {**dict(study.shared), "model.checkpoint": os.path.abspath(directory),
                                   "warmstart.steps": 0})
   rc = schema.from_config(cfg)
-  loop_task, tests = task_and_tests(rc.task)
+  loop_task, tests = task_config.task_and_tests(rc.task)
   placement = assemble.placement(rc)
   model, params = assemble.build_model(rc, placement.trainer)
   _, eval_settings = assemble.sampling(rc, loop_task)

@@ -12,6 +12,8 @@ shape (experiments/plan.py). Model, task, warm start and sampling stay the user'
 """
 from __future__ import annotations
 
+import importlib
+
 from ml_collections import ConfigDict
 
 STUDY_TASKS = ("experiments.split_task:", "experiments.hard_tail_task:")  # tasks that already give test sets
@@ -19,6 +21,12 @@ STUDY_TASKS = ("experiments.split_task:", "experiments.hard_tail_task:")  # task
 
 def has_test_sets(task_section) -> bool:
   return str(task_section.get("name", "")).startswith(STUDY_TASKS)
+
+
+def task_and_tests(task_section):
+  """(the loop's task, {test set name: problems}) from the study task's own `build` (split_task, hard_tail)."""
+  module = importlib.import_module(task_section["name"].partition(":")[0])
+  return module.build(task_section)
 
 
 def get_config(arg: str = "") -> ConfigDict:
@@ -52,7 +60,6 @@ def preflight(spec: str, overrides: dict) -> list[str]:
   from oapl_jax import sections  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble, check, files, schema  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks import factory  # pylint: disable=import-outside-toplevel
-  from experiments import claims  # pylint: disable=import-outside-toplevel
   try:
     cfg = files.load(spec, overrides)
     base = cfg.task.get("base")
@@ -65,7 +72,7 @@ def preflight(spec: str, overrides: dict) -> list[str]:
     rc = schema.from_config(cfg)
     warnings = check.check(rc)
     assemble.build_task(rc).close()
-    task, tests = claims.task_and_tests(rc.task)
+    task, tests = task_and_tests(rc.task)
     task.close()
     if not tests or not all(tests.values()):
       raise ValueError(f"the task gives no test problems ({ {n: len(p) for n, p in tests.items()} })")

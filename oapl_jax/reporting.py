@@ -13,6 +13,8 @@ from typing import Mapping, Optional
 import jax
 import numpy as np
 
+from oapl_jax import run_dir
+
 
 class _NoEvents:
   """Stands in for clu's writers where they cannot import: metrics.jsonl is still written."""
@@ -78,7 +80,7 @@ class Reporter:
   earlier-attempt-N/ at the first write, so no step is logged twice.
   """
 
-  def __init__(self, workdir: str, total_steps: int):
+  def __init__(self, workdir: str, total_steps: int, switches: Optional[Mapping[str, str]] = None):
     self.workdir = os.path.abspath(workdir)
     self.is_main = jax.process_index() == 0
     os.makedirs(self.workdir, exist_ok=True)
@@ -86,6 +88,7 @@ class Reporter:
     self._earlier_attempt = self._logs() if self.is_main else []  # before the writer adds its events file
     self.writer = _events_writer(self.workdir if self.is_main else None)
     self._total = total_steps
+    self.switches = dict(switches or {})  # summary.md's settings in use, from the typed config (run/assemble)
     self._start = time.perf_counter()
     self._steady: Optional[tuple[float, int]] = None  # (time, step) at the end of this process's first window
     self._bar = None
@@ -181,7 +184,7 @@ class Reporter:
       for key, value in summary.items():
         f.write(f"- **{key}**: {value:.4g}\n" if isinstance(value, float) else f"- **{key}**: {value}\n")
       f.write(f"\n## The run\n\n- **wall time**: {_duration(wall)} (this process, from set-up to the end)\n")
-      f.write(config_section(self.workdir))
+      f.write(config_section(self.workdir, self.switches))
     return paths
 
   def close(self) -> None:
@@ -190,37 +193,14 @@ class Reporter:
     self.writer.close()
 
 
-def _switches(c: Mapping) -> dict[str, str]:
-  """The settings that change what a run is, from its recorded config: in use, or 'off'."""
-  loop, trainer, model, warm = (c.get(k) or {} for k in ("loop", "trainer", "model", "warmstart"))
-  lora = trainer.get("lora") or {}
-  drift, demos, delay = loop.get("refresh_drift"), loop.get("demo_fraction"), loop.get("sampler_delay_windows")
-  return {
-      "loss": trainer.get("loss"),
-      "task": (c.get("task") or {}).get("name"),
-      "model": model.get("checkpoint") or f"preset {model.get('preset')} {model.get('overrides') or ''}".strip(),
-      "sync windows": f"{loop.get('num_syncs')} of L={loop.get('sync_every')} steps",
-      "LoRA": f"rank {lora['rank']}, alpha {lora.get('alpha')}, on {', '.join(lora.get('targets', ()))}"
-              if lora.get("rank") else "off (full fine-tuning)",
-      "adaptive lag": f"a refresh when {loop.get('drift_metric')} > {drift} (L bounds a window)" if drift
-                      else "off (a refresh every L steps)",
-      "demonstrations in RL batches": f"fraction {demos}" if demos else "off",
-      "sampler delay": f"{delay} window(s)" if delay else "off",
-      "warm start": f"{warm['steps']} steps" if warm.get("steps") else "off",
-      "offline": "on" if c.get("offline") else "off",
-  }
-
-
-def config_section(workdir: str) -> str:
+def config_section(workdir: str, switches: Mapping[str, str]) -> str:
   """summary.md's lines on the run's config (run_dir.record_config's files): links, the switches, the whole
   config.yaml folded. Empty where no config was recorded."""
-  from oapl_jax import run_dir  # pylint: disable=import-outside-toplevel
-  recorded = run_dir.recorded_config(workdir)
-  if recorded is None:
+  if not os.path.exists(os.path.join(workdir, run_dir.CONFIG_JSON)):
     return ""
   links = ", ".join(f"[{name}]({name})" for name in (run_dir.CONFIG_JSON, run_dir.CONFIG_YAML))
   lines = [f"- **config**: {links}"]
-  lines += [f"- **{key}**: {value}" for key, value in _switches(recorded).items()]
+  lines += [f"- **{key}**: {value}" for key, value in switches.items()]
   yaml_path = os.path.join(workdir, run_dir.CONFIG_YAML)
   if os.path.exists(yaml_path):
     with open(yaml_path) as f:

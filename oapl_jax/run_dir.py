@@ -3,7 +3,7 @@
     lock = run_dir.lock(workdir)                              # first: one run per directory (RunDirBusy)
     run_dir.record_config(workdir, cfg)                       # at start: config.json + config.yaml
     run_dir.check_resume(workdir, cfg, allow_changes=False)   # on a resume: raises ConfigChanged on a diff
-    rc = run_dir.load_config(workdir)                         # export / eval: the typed config that made the run
+    values = run_dir.recorded_config(workdir)                 # the run's config as a dict (typed: schema.from_run_dir)
 
 The recorded config is the one after every command-line override, as plain JSON (tuples become lists), so
 `config.json` is the single answer to "what made this run". Fields in RESUME_IGNORED are operational
@@ -26,14 +26,11 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import jax
 import yaml
 from ml_collections import ConfigDict
-
-if TYPE_CHECKING:
-  from oapl_jax.run.schema import RunConfig
 
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"
@@ -125,16 +122,6 @@ def recorded_config(workdir: str) -> dict | None:
       return json.load(f)
     except ValueError as e:
       raise ValueError(f"{path} (the config this run was started with) is not valid JSON: {e}") from None
-
-
-def load_config(workdir: str) -> "RunConfig":
-  """The recorded config, typed (run/schema.from_config: a bad or retired field is said as such)."""
-  from oapl_jax.run import schema  # pylint: disable=import-outside-toplevel  (run/ imports this module)
-  values = recorded_config(workdir)
-  if values is None:
-    raise FileNotFoundError(f"{workdir} has no {CONFIG_JSON}: it was not started by oapl_jax.main (or by a version "
-                            f"that did not record its config); pass the config explicitly (--config FILE:ARG)")
-  return schema.from_config(values)
 
 
 def check_resume(workdir: str, cfg: Any, allow_changes: bool = False) -> list[str]:

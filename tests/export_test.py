@@ -227,7 +227,7 @@ def test_run_dir_records_the_config_and_refuses_a_changed_resume(tmp_path):
   recorded = json.load(open(tmp_path / "config.json"))
   assert recorded["loop"]["sync_every"] == 2 and recorded["mesh"]["trainer_ici"] == [1, -1, 1]
   assert "sync_every: 2" in open(tmp_path / "config.yaml").read()
-  assert run_dir.load_config(workdir).task.teacher_slip_rate == 0.7
+  assert schema.from_run_dir(workdir).task.teacher_slip_rate == 0.7
   # The same config (tuples and lists alike) and an operational field: no difference.
   same = arithmetic.get_config("smoke")
   assert run_dir.check_resume(workdir, same) == []

@@ -38,11 +38,12 @@ def test_with_clus_writers_events_are_written(tmp_path):
 def test_summary_says_the_wall_time_the_switches_and_the_config(tmp_path):
   from configs import arithmetic
   from oapl_jax import run_dir
+  from oapl_jax.run import assemble, schema
   cfg = arithmetic.get_config("smoke")
   cfg.trainer.lora.rank = 4
   cfg.loop.refresh_drift = 0.25
   run_dir.record_config(str(tmp_path), cfg)
-  reporter = reporting.Reporter(str(tmp_path), total_steps=1)
+  reporter = reporting.Reporter(str(tmp_path), total_steps=1, switches=assemble.switches(schema.from_config(cfg)))
   reporter.scalars(1, {"loss": 0.5})
   reporter.finish({"trainer_steps": 1})
   reporter.close()

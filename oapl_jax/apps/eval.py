@@ -22,7 +22,7 @@ from oapl_jax.apps import cli
 
 cli.prepare_host()
 
-from oapl_jax import checkpoint_files, evaluation, run_dir  # noqa: E402
+from oapl_jax import checkpoint_files, evaluation  # noqa: E402
 from oapl_jax.run import assemble, policy, schema  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def evaluate_source(source: str, *, cfg=None, step: int | None = None,
   source = str(checkpoint_files.absolute(source))
   kind = _source_kind(source)
   if sets and (cfg is not None or kind == "run"):  # checked before any checkpoint is read
-    cfg = with_sets(run_dir.load_config(source) if cfg is None else schema.from_config(cfg), sets)
+    cfg = with_sets(schema.from_run_dir(source) if cfg is None else schema.from_config(cfg), sets)
   weights = policy.policy(source, config=cfg, step=step)  # the run's params, or the HF directory's model
   rc = weights.config
   samples = samples or rc.eval.samples

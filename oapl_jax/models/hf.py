@@ -22,35 +22,26 @@ import numpy as np
 from flax import traverse_util
 
 from oapl_jax import parallel
-from oapl_jax.models.safetensors_io import SafetensorsFile, save_file
+from oapl_jax.models import families
+from oapl_jax.models.safetensors_io import CheckpointError, SafetensorsFile, save_file
 
 # The files an HF tokenizer directory may hold (any subset); `save(tokenizer_from=...)` copies those present.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
 
 
-class CheckpointError(ValueError):
-  """A checkpoint directory that cannot be loaded; the message names the file and tensor."""
-
-
-def _families():
-  from oapl_jax.models import families  # pylint: disable=import-outside-toplevel  (families import this file)
-  return families
-
-
 # ---------------------------------------------------------------- config.json <-> a family's config
 def config_from_hf(hf: dict, path: str = "config.json", **overrides):
   """config.json's dict -> the config of the family its model_type names."""
-  families = _families().FAMILIES
   model_type = hf.get("model_type")
-  if model_type not in families:
+  if model_type not in families.FAMILIES:
     raise CheckpointError(f"{path}: model_type={model_type!r} (architectures={hf.get('architectures')}) "
-                          f"is not a model family we support; supported: {sorted(families)}")
-  return families[model_type].config_from_hf(hf, path, **overrides)
+                          f"is not a model family we support; supported: {sorted(families.FAMILIES)}")
+  return families.FAMILIES[model_type].config_from_hf(hf, path, **overrides)
 
 
 def config_to_hf(config, torch_dtype: str) -> dict:
-  family = _families().of_config(config)
+  family = families.of_config(config)
   return {"architectures": [family.hf_architecture], "model_type": config.model_type,
           **family.config_to_hf(config, torch_dtype)}
 
@@ -121,13 +112,13 @@ def load(path: str, mesh: Optional[jax.sharding.Mesh] = None, dtype: str = "floa
   config = read_config(path, param_dtype=dtype, dtype=compute_dtype or dtype, **config_overrides)
   mesh = mesh or parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   rules = rules or parallel.DEFAULT_RULES
-  families = _families()
-  model = families.FAMILIES[config.model_type].causal_lm(config)
+  family = families.FAMILIES[config.model_type]
+  model = family.causal_lm(config)
   abstract = jax.eval_shape(lambda: model.init_params(jax.random.PRNGKey(0)))
   shardings = parallel.logical_to_sharding(model.param_logical_axes(), mesh, rules)
   flat_abstract = traverse_util.flatten_dict(abstract)
   flat_shardings = traverse_util.flatten_dict(shardings)
-  table = families.FAMILIES[config.model_type].param_map(config)
+  table = family.param_map(config)
   index = _TensorIndex(path)
   target_dtype = config.jnp_param_dtype
 
@@ -182,7 +173,7 @@ def save(path: str, config, params, max_shard_bytes: int = 4 << 30, *, token_ids
   """
   if tokenizer_from is not None and not tokenizer_files(tokenizer_from):
     raise CheckpointError(f"tokenizer_from={tokenizer_from}: no tokenizer files there (looked for {TOKENIZER_FILES})")
-  table = _families().of_config(config).param_map(config)
+  table = families.of_config(config).param_map(config)
   flat = traverse_util.flatten_dict(params)
   tensors = {}
   for key, value in flat.items():

@@ -17,6 +17,10 @@ _DTYPES = {
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
+class CheckpointError(ValueError):
+  """A checkpoint directory that cannot be loaded; the message names the file and tensor."""
+
+
 class SafetensorsFile:
   """Index of one .safetensors file: names -> (dtype, shape, byte range)."""
 

@@ -183,7 +183,7 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   model, params = build_model(rc, layouts.trainer)
   seq = seq_len(rc, longest_prompt(task))
   checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", rc.checkpoint.max_to_keep)
-  reporter = reporting.Reporter(workdir, rc.loop.num_syncs * rc.loop.sync_every)
+  reporter = reporting.Reporter(workdir, rc.loop.num_syncs * rc.loop.sync_every, switches(rc))
 
   train_cfg = train_config(rc)
   record = schema.to_mapping(rc)
@@ -218,6 +218,25 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
                   checkpointer=checkpointer, reporter=reporter, monitor=HealthMonitor(rc.monitors),
                   evaluate=evaluate_params, policy_eval=policy_eval(rc, task, sampler, model, seq, evaluate_params),
                   lock=lock)
+
+
+def switches(rc: RunConfig) -> dict[str, str]:
+  """The settings that change what a run is, in use or 'off': summary.md's lines (reporting.Reporter)."""
+  loop, lora, model = rc.loop, rc.trainer.lora, rc.model
+  return {
+      "loss": rc.trainer.loss,
+      "task": rc.task.get("name") if isinstance(rc.task, dict) else rc.task.name,
+      "model": model.checkpoint or f"preset {model.preset} {model.overrides or ''}".strip(),
+      "sync windows": f"{loop.num_syncs} of L={loop.sync_every} steps",
+      "LoRA": f"rank {lora.rank}, alpha {lora.alpha}, on {', '.join(lora.targets)}" if lora.rank
+              else "off (full fine-tuning)",
+      "adaptive lag": f"a refresh when {loop.drift_metric} > {loop.refresh_drift} (L bounds a window)"
+                      if loop.refresh_drift else "off (a refresh every L steps)",
+      "demonstrations in RL batches": f"fraction {loop.demo_fraction}" if loop.demo_fraction else "off",
+      "sampler delay": f"{loop.sampler_delay_windows} window(s)" if loop.sampler_delay_windows else "off",
+      "warm start": f"{rc.warmstart.steps} steps" if rc.warmstart.steps else "off",
+      "offline": "on" if rc.is_offline else "off",
+  }
 
 
 def _shared(parts: RunParts) -> dict:

@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from oapl_jax import checkpoint_files, checkpoints, run_dir
+from oapl_jax import checkpoint_files, checkpoints
 from oapl_jax.models import factory, lora
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.trainer import Params
@@ -109,7 +109,7 @@ def from_run(run: str, step: Optional[int] = None, config: Optional[RunConfig] =
   """Params of checkpoint `step` (default: the newest) of run directory `run` (host numpy, training layout), with
   `config` or else the run's recorded one."""
   run = str(checkpoint_files.absolute(run))
-  config = run_dir.load_config(run) if config is None else schema.from_config(config)
+  config = schema.from_run_dir(run) if config is None else schema.from_config(config)
   model = factory.model_of(config.model)
   directory = os.path.join(run, "checkpoints")
   step = resolve_step(directory, step)

@@ -1,6 +1,7 @@
 """The typed run config: one section per package that uses it, each with its defaults and rules there.
 
     rc = from_config(cfg)      # ConfigDict / dict -> RunConfig, or ConfigError listing every bad field
+    rc = from_run_dir(workdir) # the config a run directory recorded (run_dir.record_config), typed
     cfg = defaults()           # the ConfigDict every configs/*.py starts from (config_base.base_config)
     record = to_mapping(rc)    # plain JSON-ready dicts; from_config(record) gives rc back
 
@@ -18,7 +19,7 @@ from typing import Any, Optional
 
 from ml_collections import ConfigDict
 
-from oapl_jax import sections
+from oapl_jax import run_dir, sections
 from oapl_jax.checkpoints import CheckpointConfig
 from oapl_jax.evaluation import EvalConfig
 from oapl_jax.models.factory import ModelSpec
@@ -85,6 +86,15 @@ def from_config(cfg: Any) -> RunConfig:
   rc = sections.build(RunConfig, values, "", problems)
   problems.raise_if_any()
   return rc
+
+
+def from_run_dir(workdir: str) -> RunConfig:
+  """The config a run directory recorded, typed (from_config: a bad or retired field is said as such)."""
+  values = run_dir.recorded_config(workdir)
+  if values is None:
+    raise FileNotFoundError(f"{workdir} has no {run_dir.CONFIG_JSON}: it was not started by oapl_jax.main (or by a "
+                            "version that did not record its config); pass the config explicitly (--config FILE:ARG)")
+  return from_config(values)
 
 
 def to_mapping(rc: RunConfig) -> dict:

@@ -1,7 +1,7 @@
 """Hugging Face config.json (model_type llama) <-> LlamaConfig. The weights map through models/decoder_hf.py
 (HF's Llama names). Refused: biases (attention_bias, mlp_bias), an activation other than silu, and rope types
 other than the default and llama3."""
-from oapl_jax.models.hf import CheckpointError
+from oapl_jax.models.safetensors_io import CheckpointError
 from oapl_jax.models.llama.config import Llama3RopeScaling, LlamaConfig
 
 

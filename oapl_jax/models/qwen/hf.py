@@ -1,6 +1,6 @@
 """Hugging Face config.json (model_type qwen2 / qwen3) <-> QwenConfig. The weights map through
 models/decoder_hf.py (the Llama layout both Qwen generations keep)."""
-from oapl_jax.models.hf import CheckpointError
+from oapl_jax.models.safetensors_io import CheckpointError
 from oapl_jax.models.qwen.config import QwenConfig
 
 
