@@ -1,0 +1,94 @@
+"""The lag curve (issue 51): OAPL and GRPO, each against a sampler of the same lag L, on one task.
+
+  python -m experiments.lag_curve --task digits3 --out reports/claims_v4/lag_digits3   # tune, run, report
+  python -m experiments.lag_curve --task sort --out reports/claims_v4/lag_sort --seeds 0,1,2
+  python -m experiments.lag_curve --task digits3 --out ... --collect                   # report only
+  python -m experiments.lag_curve --task sort --smoke --out /tmp/lag_smoke             # CI size, minutes
+
+The plan and its rules: experiments/lag_plan.py (written before the runs). The runs are the claims study's
+(same warm start, same run directories under --runs, same per-run test eval), so an interrupted curve resumes
+where it stopped: run the same command again. A stop (Ctrl-C, SIGTERM) ends in one line saying what finished.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Sequence
+
+from experiments import claims, lag_plan, lag_report, tuning
+
+
+class Stopped(Exception):
+  pass
+
+
+def _stop_on_sigterm() -> None:
+  def handler(signum, frame):  # noqa: ARG001
+    raise Stopped(signal.Signals(signum).name)
+  signal.signal(signal.SIGTERM, handler)
+
+
+def tune_grpo(runner: claims.Runner, task: lag_plan.LagTask) -> tuple[dict, float | None]:
+  """GRPO's lr at L = 50: every (lr, tuning seed) cell, then the largest mean validation AUC."""
+  aucs: dict[float, list] = {}
+  for cell in lag_plan.tuning_cells(task, runner.study):
+    result = runner.run("grpo lr at L = 50", cell)
+    aucs.setdefault(cell.lr, []).append(tuning.auc(result.curve()) if result is not None else None)
+  return aucs, lag_plan.choose_lr(aucs)
+
+
+def run_curve(task: lag_plan.LagTask, runs_dir: str, out: str, smoke: bool, collect: bool,
+              seeds: Sequence[int] | None) -> str:
+  study = lag_plan.study_of(task, smoke=smoke)
+  seeds = tuple(seeds) if seeds else study.seeds if smoke else lag_plan.SEEDS
+  runner = claims.Runner(study, runs_dir, collect=collect)
+  warm = runner.warm()
+  aucs, lr = tune_grpo(runner, task)
+  print(f"[lag] {task.name}: GRPO lr at L = 50 -> {lr} (mean validation AUC per lr: "
+        + ", ".join(f"{k:g}: {v}" for k, v in aucs.items()) + ")", flush=True)
+  cells = lag_plan.main_cells(task, study, lr, seeds) if lr is not None else []
+  done = 0
+  for i, cell in enumerate(cells):
+    start = time.time()
+    ran = runner.run(f"lag curve {i + 1}/{len(cells)}", cell) is not None
+    done += ran
+    if ran and not collect:
+      left = len(cells) - i - 1
+      print(f"[lag]   {i + 1}/{len(cells)} cells; ~{left * (time.time() - start) / 60:.0f} min left at this pace",
+            flush=True)
+  return lag_report.write(task, study, runs_dir, out, warm, aucs, lr, cells)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m experiments.lag_curve", description=__doc__.split("\n")[0])
+  parser.add_argument("--task", required=True, choices=sorted(lag_plan.TASKS))
+  parser.add_argument("--out", required=True, help="the report directory (report.md, lag_curve.png)")
+  parser.add_argument("--runs", default=os.path.join("runs", "lag"), help="run directories (default runs/lag)")
+  parser.add_argument("--seeds", help="main seeds, comma-separated (default 0..4)")
+  parser.add_argument("--smoke", action="store_true", help="S = 4, lags 1, 2, 4, 2 seeds (CI size)")
+  parser.add_argument("--collect", action="store_true", help="only write the report from the runs that exist")
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+  claims.enable_compile_cache(os.path.join(args.runs, "jax_cache"))
+  _stop_on_sigterm()
+  start = time.time()
+  try:
+    path = run_curve(lag_plan.TASKS[args.task], args.runs, args.out, args.smoke, args.collect, seeds)
+  except (KeyboardInterrupt, Stopped, RuntimeError) as e:
+    if isinstance(e, RuntimeError) and "stopped before its last window" not in str(e):
+      raise
+    name = "SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM" if isinstance(e, RuntimeError) else str(e)
+    print(f"[lag] stopped by {name} after {time.time() - start:.0f}s: finished runs are kept; the same command "
+          f"resumes (--collect writes the report from what finished)", file=sys.stderr, flush=True)
+    return 130 if name == "SIGINT" else 0
+  print(f"[lag] report: {path} ({time.time() - start:.0f}s)", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,90 @@
+"""The lag curve's plan, declared before any run (issue 51): OAPL and GRPO against a sampler of the SAME lag.
+
+Every arm is the study's 'fresh' shape (experiments/plan.py): each trainer step draws one chunk of B x G
+generated for it by the window's snapshot, the snapshot refreshed every L steps and the buffer cleared then;
+so both losses see the same generations per step and the same staleness (a step at position s of a window
+trains on data from a policy s steps old). OAPL regresses on its log-ratio to the sampler; GRPO carries its
+token-level importance weight min(pi_old / pi_sampler, tis_cap) against the same sampler (one update per chunk:
+its PPO ratio is 1 and the clip is inert, so the weight is its only correction for the lag).
+
+Rules fixed before the runs:
+  lags        L in LAGS (and CODE_LAGS on a code task); S = STEPS trainer steps, so every L divides S
+  seeds       5 paired seeds (0..4): every (loss, L) cell of a seed shares its prompt order and eval draws
+  settings    OAPL at its L = 50 tuned point from round 3 (reports/claims_v3); GRPO's lr tuned at L = 50 on
+              the two seeds TUNE_SEEDS over GRPO_LRS (largest mean validation AUC, ties to the smaller lr),
+              its clip at round 3's off-by-one winner (inert here); each loss keeps its point at every L
+  collapse    a run whose final test pass@1 is below the warm start's
+  order       round-robin by seed, within a seed L = 50 first, then 10, 200, 1 (the claim's lag first)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from experiments import plan
+
+LAGS = (1, 10, 50, 200)
+CODE_LAGS = LAGS + (400,)
+STEPS = 400  # every lag divides it; L = 200 is two windows
+SEEDS = tuple(range(5))
+TUNE_SEEDS = (1000, 1001)  # never main seeds
+GRPO_LRS = (1e-4, 3e-4, 1e-3)
+TUNE_LAG = 50
+ORDER = (50, 10, 200, 1, 400)  # within a seed
+
+
+@dataclasses.dataclass(frozen=True)
+class LagTask:
+  """One task of the lag curve: the study it runs in and each loss's fixed point."""
+  name: str
+  config: str  # FILE[:ARG] as experiments.study takes it
+  sets: tuple[tuple[str, object], ...]  # the study's reshape (--set)
+  oapl: plan.Setting  # (lr, beta2): round 3's L = 50 winner
+  grpo_clip: float  # round 3's off-by-one winner's clip (inert at one update per chunk)
+  lags: tuple[int, ...] = LAGS
+
+
+# Round 3's tuned points (reports/claims_v3/README.md): 3-digit addition after the second extension
+# (lr 1e-4, beta2 0.025; GRPO clip 0.1), sorting at the grid's winner (lr 1e-4, beta2 0.1; GRPO clip 0.2).
+TASKS = {
+    "digits3": LagTask("digits3", "configs/claims.py:arithmetic,digits3", (), (1e-4, 0.025), 0.1),
+    "sort": LagTask("sort", "configs/own_task.py", (("loop.batch_prompts", 4), ("warmstart.steps", 500)),
+                    (1e-4, 0.1), 0.2),
+}
+
+
+def study_of(task: LagTask, smoke: bool = False) -> plan.Study:
+  """The claims study of the task with S = STEPS (its warm start and run directories are the study's)."""
+  study = plan.make_study(config=task.config, smoke=smoke, sets=dict(task.sets), secondary=False,
+                          steps=None if smoke else STEPS)
+  return study
+
+
+def arm(loss: str, lag: int) -> plan.Arm:
+  return plan.Arm(f"lag{lag}_{loss}", loss, "fresh", lag, "claim")
+
+
+def lags_of(task: LagTask, study: plan.Study) -> tuple[int, ...]:
+  """The task's lags that divide the study's S (the smoke's S = 4: lags 1, 2, 4)."""
+  return tuple(L for L in task.lags if study.steps % L == 0) if not study.smoke else (1, 2, 4)
+
+
+def tuning_cells(task: LagTask, study: plan.Study, lrs: Sequence[float] = GRPO_LRS,
+                 seeds: Sequence[int] = TUNE_SEEDS) -> list[plan.Cell]:
+  lag = TUNE_LAG if study.steps % TUNE_LAG == 0 else max(lags_of(task, study))
+  return [study.cell(arm("grpo", lag), (lr, task.grpo_clip), s) for s in seeds for lr in lrs]
+
+
+def main_cells(task: LagTask, study: plan.Study, grpo_lr: float, seeds: Sequence[int] = SEEDS) -> list[plan.Cell]:
+  lags = sorted(lags_of(task, study), key=lambda L: ORDER.index(L) if L in ORDER else L)
+  points = {"oapl": task.oapl, "grpo": (grpo_lr, task.grpo_clip)}
+  return [study.cell(arm(loss, L), points[loss], s) for s in seeds for L in lags for loss in ("oapl", "grpo")]
+
+
+def choose_lr(aucs: dict[float, list[Optional[float]]]) -> Optional[float]:
+  """The lr with the largest mean validation AUC over the tuning seeds that finished (ties: the smaller lr);
+  None when no lr has all its seeds."""
+  complete = {lr: sum(v) / len(v) for lr, v in aucs.items() if v and all(x is not None for x in v)}
+  if not complete:
+    return None
+  return min(complete, key=lambda lr: (-complete[lr], lr))
