@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from typing import Mapping, Optional
 
@@ -68,6 +69,64 @@ def _events_writer(workdir: Optional[str]):
   return metric_writers.SummaryWriter(workdir) if workdir else metric_writers.MultiWriter([])
 
 
+class PhaseClock:
+  """Seconds per (thread, phase) of a run's loop, from `start()`: summary.md's 'Where the time went' table.
+
+  Each thread ("trainer", "sampler") times disjoint stretches of its own time, never one inside another, so a
+  thread's phases sum to at most the wall time since `start()`; what no phase covers is its "other" row.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._seconds: dict[tuple[str, str], float] = {}
+    self._start = time.perf_counter()
+
+  def start(self) -> None:
+    self._start = time.perf_counter()
+
+  def elapsed(self) -> float:
+    return time.perf_counter() - self._start
+
+  def add(self, thread: str, phase: str, seconds: float) -> None:
+    with self._lock:
+      self._seconds[thread, phase] = self._seconds.get((thread, phase), 0.0) + seconds
+
+  @contextlib.contextmanager
+  def timed(self, thread: str, phase: str):
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.add(thread, phase, time.perf_counter() - start)
+
+  def seconds(self, thread: Optional[str] = None, phase: Optional[str] = None) -> float:
+    with self._lock:
+      return sum(s for (t, p), s in self._seconds.items() if thread in (None, t) and phase in (None, p))
+
+  def marks(self) -> dict[str, float]:
+    """Scalars logged with an eval: the loop's wall time so far and the trainer's eval time within it (loop_bench's
+    clock; the sampler's snapshot evals run beside the trainer, so only the trainer's delay the run)."""
+    return {"time/loop_seconds": self.elapsed(), "time/eval_seconds": self.seconds("trainer", "eval")}
+
+  def phases(self) -> dict[str, dict[str, float]]:
+    with self._lock:
+      out: dict[str, dict[str, float]] = {}
+      for (thread, phase), s in self._seconds.items():
+        out.setdefault(thread, {})[phase] = s
+      return out
+
+  def markdown(self, wall: float) -> str:
+    """One table per thread: each phase's seconds and share of `wall`, then what no phase covered."""
+    lines = [f"\n## Where the time went\n\nThe loop's wall time: {wall:.1f} s. Each thread's phases are disjoint "
+             "(the sampler's thread runs beside the trainer's).\n"]
+    for thread, phases in sorted(self.phases().items(), key=lambda kv: kv[0] != "trainer"):
+      lines += [f"| {thread} thread | seconds | share of wall |", "|---|---:|---:|"]
+      rows = sorted(phases.items(), key=lambda kv: -kv[1]) + [("other", wall - sum(phases.values()))]
+      lines += [f"| {phase} | {s:.2f} | {s / max(wall, 1e-9):.1%} |" for phase, s in rows]
+      lines.append("")
+    return "\n".join(lines)
+
+
 class Reporter:
   """Every metric to TensorBoard and metrics.jsonl (process 0 only); the console gets one concise
   line per sync window (`window_line`) and a progress bar within it (`tick`), also in a notebook.
@@ -93,6 +152,7 @@ class Reporter:
     self._steady: Optional[tuple[float, int]] = None  # (time, step) at the end of this process's first window
     self._bar = None
     self.latest: dict[str, float] = {}  # the newest value of every metric
+    self.phases = PhaseClock()  # the loop's time per thread and phase (loop.train starts it)
 
   def resume_from(self, step: int) -> None:
     """A resumed run re-runs steps >= `step`: drop them from metrics.jsonl and rebuild TensorBoard's
@@ -176,13 +236,16 @@ class Reporter:
     if not self.is_main:
       return paths
     plot_learning_curve(self.history(), paths["curve"])
-    wall = time.perf_counter() - self._start
+    wall, loop_wall = time.perf_counter() - self._start, self.phases.elapsed()
     with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-      json.dump({**summary, "wall_seconds": round(wall, 1)}, f, indent=2, default=float)
+      json.dump({**summary, "wall_seconds": round(wall, 1), "loop_seconds": loop_wall,
+                 "phase_seconds": self.phases.phases()}, f, indent=2, default=float)
     with open(paths["summary"], "w") as f:
       f.write(f"# {title}\n\n")
       for key, value in summary.items():
         f.write(f"- **{key}**: {value:.4g}\n" if isinstance(value, float) else f"- **{key}**: {value}\n")
+      if self.phases.phases():
+        f.write(self.phases.markdown(loop_wall))
       f.write(f"\n## The run\n\n- **wall time**: {_duration(wall)} (this process, from set-up to the end)\n")
       f.write(config_section(self.workdir, self.switches))
     return paths

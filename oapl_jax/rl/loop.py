@@ -117,6 +117,7 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
   process, cuts short) the final eval: `stopped_by` again, and `final_eval` says so; the same call runs it."""
   worker = _worker(run, inline_rollouts)
   stop = preemption.StopFlag(run.placement.trainer.mesh).install()
+  run.reporter.phases.start()
   worker.start()
   at = _Position.of(run)
   try:
@@ -143,12 +144,17 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
     run.release()
 
 
+def _timed(run: RunParts, phase: str):
+  """The trainer thread's time in `phase` (summary.md's 'Where the time went')."""
+  return run.reporter.phases.timed("trainer", phase)
+
+
 def _worker(run: Online, inline: Optional[bool]) -> RolloutWorker:
   return RolloutWorker(run.sampler, run.task, run.buffer, run.schedule, run.rollout_settings,
                        group_size=run.settings.group_size, seed=run.settings.seed,
                        eval_fn=lambda step: _evaluate(run, step), monitors=run.monitor.config,
                        inline=rollouts_inline(run.sampler.layout) if inline is None else inline,
-                       lookahead=run.windows.lookahead, demo_mixer=run.demo_mixer)
+                       lookahead=run.windows.lookahead, demo_mixer=run.demo_mixer, phases=run.reporter.phases)
 
 
 def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
@@ -158,7 +164,8 @@ def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
   if at.resume_at and run.meta.drift_seen:  # the window's last step was due one after the saved ones
     length = at.resume_at + 1
   if not at.resume_at:
-    run.sampler.refresh(run.windows.sampler_params(run.policy_params(run.state)))
+    with _timed(run, "refresh"):
+      run.sampler.refresh(run.windows.sampler_params(run.policy_params(run.state)))
     run.reporter.scalars(at.step0, {"sampler/refresh_seconds": run.sampler.last_refresh_seconds,
                                     "sampler/refresh_bytes": run.sampler.last_refresh_bytes})
   run.buffer.reset(run.sampler.snapshot_version)
@@ -186,11 +193,14 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
       ended, stopping = _or(_finish_step(run, *pending, last_fetch), ended, stopping)
       pending = None
     for hook in run.hooks:
-      hook.before_step(step, s, run.state)
+      with _timed(run, hook.phase):
+        hook.before_step(step, s, run.state)
     if probing:
+      run.reporter.scalars(step, run.reporter.phases.marks())
       last_fetch = time.perf_counter()
     batch, extra, reuse_mean = _draw(run, worker, step, s)
-    run.state, metrics = run.train_step(run.state, batch, jax.random.fold_in(base_key, step))
+    with _timed(run, "train step: dispatch"):
+      run.state, metrics = run.train_step(run.state, batch, jax.random.fold_in(base_key, step))
     if pending is not None:
       ended, stopping = _or(_finish_step(run, *pending, last_fetch), ended, stopping)
       last_fetch = time.perf_counter()
@@ -208,8 +218,9 @@ def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, 
   """Step s of the window's batch (this host's rows) from the chunks it may see, its lag and wait, and how often
   its groups had been drawn."""
   wait_start = time.perf_counter()
-  batch = run.buffer.sample(run.settings.batch_prompts, run.schedule.chunks_visible(s),
-                            np.random.default_rng([run.settings.seed, step]), rows=run.batch_rows)
+  with _timed(run, "waiting for samples"):
+    batch = run.buffer.sample(run.settings.batch_prompts, run.schedule.chunks_visible(s),
+                              np.random.default_rng([run.settings.seed, step]), rows=run.batch_rows)
   if batch is None:
     worker.wait_window()  # raises the worker's error, if that is why the buffer closed
     raise RuntimeError("the rollout buffer was closed while the trainer waited for data")
@@ -218,7 +229,8 @@ def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, 
   versions = batch.pop("version")
   if (versions != run.sampler.snapshot_version).any():
     raise AssertionError(f"buffer served versions {set(versions)} at snapshot {run.sampler.snapshot_version}")
-  batch = parallel.from_process_rows(batch, run.batch_sharding, run.settings.batch_prompts)  # this host's rows
+  with _timed(run, "packing: the batch onto the trainer's devices"):
+    batch = parallel.from_process_rows(batch, run.batch_sharding, run.settings.batch_prompts)  # this host's rows
   return batch, {"train/policy_lag": s, "train/wait_seconds": waited}, reuse.mean()
 
 
@@ -227,7 +239,8 @@ def _end_window(run: Online, worker: RolloutWorker, at: _Position, length: int, 
   """Closes the window after `done` of its steps: a checkpoint inside it when stopped there, else the next
   window's meta, its report and the checkpoint its cadence asks for; whether the loop goes on."""
   s, at.resume_at = done - 1, 0
-  worker.wait_window(cut=done < run.schedule.sync_every)
+  with _timed(run, "waiting for samples"):  # the window's last chunks
+    worker.wait_window(cut=done < run.schedule.sync_every)
   _log_worker_stats(run, worker, at.restored_step)
   end_step, seed = at.step0 + done, run.settings.seed
   if done < length and not ended:  # stopped inside the window: save it as it stands
@@ -260,7 +273,8 @@ def _save(run: Online, step: int, meta: checkpoint_files.Meta, sampler: Optional
   if run.monitor.diverging:
     logging.warning("not checkpointing step %d: its last update was skipped as non-finite", step)
     return
-  run.checkpointer.save(step, trainer.checkpointed(run.state), meta, sampler=sampler)
+  with _timed(run, "checkpoint"):
+    run.checkpointer.save(step, trainer.checkpointed(run.state), meta, sampler=sampler)
   if meta.window_steps_done:
     logging.info("checkpoint %d saved inside window %d (%d of its steps done)", step, meta.syncs_done + 1,
                  meta.window_steps_done)
@@ -307,8 +321,10 @@ def _finish_step(run: Online, step: int, metrics: dict, extra: dict, stop_vote: 
                  last_fetch: float) -> tuple[bool, bool]:
   """Logs a step's metrics; (whether the window policy ends the window after the next step, whether any
   process had been asked to stop when it was dispatched)."""
-  metrics = jax.device_get(metrics)
-  run.checkpointer.poll()  # a failed background save stops the run here
+  with _timed(run, "host sync: a step's metrics fetched (waits for its compute)"):
+    metrics = jax.device_get(metrics)
+  with _timed(run, "checkpoint"):
+    run.checkpointer.poll()  # a failed background save stops the run here
   run.monitor.observe(step, metrics, run.checkpointer.latest_step())
   seconds = max(time.perf_counter() - last_fetch - extra["train/wait_seconds"], 1e-9)
   scalars = {f"train/{k}": v for k, v in metrics.items()}
@@ -328,14 +344,15 @@ def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
   and summary."""
   finished = done_steps >= run.settings.total_steps
   if finished:
-    run.sampler.refresh(run.policy_params(run.state))
+    with _timed(run, "refresh"):
+      run.sampler.refresh(run.policy_params(run.state))
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
                              "snapshot_version": run.sampler.snapshot_version, **run.monitor.summary(),
                              "reward_failures": _reward_failures(run.reporter.history())}
   evaluated = False
   if finished and not stop.vote()():  # the same answer on every process
     try:
-      with stop.interrupting():
+      with stop.interrupting(), _timed(run, "eval"):
         records = [hook.final(done_steps, run.state) for hook in run.hooks]  # e.g. the policy probe's last point
         final = _evaluate(run, done_steps)
     except preemption.Stopped:
@@ -344,7 +361,7 @@ def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
       evaluated = True
       for record in records:
         record()
-      run.reporter.scalars(done_steps, final)
+      run.reporter.scalars(done_steps, {**final, **run.reporter.phases.marks()})
       history = run.reporter.history()
       first = next((h for h in history if any(k.startswith("eval/") for k in h)), {})
       for key in sorted(k for k in final if "pass@" in k or "reward_mean" in k):

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from oapl_jax.reporting import PhaseClock
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.rl.monitors import MonitorConfig, check_reward_failures
@@ -48,7 +49,7 @@ class RolloutWorker(threading.Thread):
   def __init__(self, sampler: core.Sampler, task: Task, buffer: RolloutBuffer, schedule: WindowSchedule,
                settings: SamplingSettings, *, group_size: int, seed: int, eval_fn: Callable[[int], dict],
                monitors: MonitorConfig = MonitorConfig(), inline: bool = False, lookahead: Optional[int] = None,
-               demo_mixer: Optional[DemoMixer] = None):
+               demo_mixer: Optional[DemoMixer] = None, phases: Optional[PhaseClock] = None):
     super().__init__(name="oapl-rollout-worker", daemon=True)
     self.sampler, self.task, self.buffer, self.schedule, self.settings = sampler, task, buffer, schedule, settings
     self.group_size, self.seed, self.eval_fn, self.monitors = group_size, seed, eval_fn, monitors
@@ -59,6 +60,7 @@ class RolloutWorker(threading.Thread):
     # (a window that may end early, loop.refresh_drift, then wastes at most `lookahead` chunks)
     self.lookahead, self._visible = lookahead, threading.Condition()
     self.demo_mixer = demo_mixer  # loop.demo_fraction: demonstrations replace samples before scoring
+    self.phases = phases or PhaseClock()  # this thread's time per phase (summary.md)
     self._chunks_visible = 0
     self._done = threading.Event()
     self._done.set()
@@ -88,7 +90,7 @@ class RolloutWorker(threading.Thread):
     w = self._window
     try:
       if self._next_chunk == 0 and w.evaluate:
-        self.stats.put((w.first_step, self.eval_fn(w.first_step)))
+        self._evaluate(w)
       while self._next_chunk < min(chunks, self.schedule.num_chunks):
         self._next_chunk += 1
         self._checked_chunk(w, self._next_chunk - 1)
@@ -126,8 +128,19 @@ class RolloutWorker(threading.Thread):
     if not self.inline:
       self._windows.put(None)
 
+  def _timed(self, phase: str):
+    return self.phases.timed("sampler", phase)
+
+  def _evaluate(self, w: Window) -> None:
+    with self._timed("eval"):
+      self.stats.put((w.first_step, self.eval_fn(w.first_step)))
+
+  def _next_window(self) -> Optional[Window]:
+    with self._timed("waiting for the trainer"):  # to end the window and refresh the snapshot
+      return self._windows.get()
+
   def run(self) -> None:
-    while (window := self._windows.get()) is not None:
+    while (window := self._next_window()) is not None:
       try:
         self._run_window(window)
       except BaseException as e:  # surfaced to the trainer thread by wait_window / a closed buffer
@@ -138,10 +151,10 @@ class RolloutWorker(threading.Thread):
 
   def _run_window(self, w: Window) -> None:
     if w.evaluate:
-      self.stats.put((w.first_step, self.eval_fn(w.first_step)))
+      self._evaluate(w)
     for chunk in range(self.schedule.num_chunks):
       if self.lookahead is not None:
-        with self._visible:
+        with self._visible, self._timed("waiting for the trainer"):
           self._visible.wait_for(lambda c=chunk: self._cut.is_set() or c < self._chunks_visible + self.lookahead)
       if self._cut.is_set():
         return
@@ -160,19 +173,22 @@ class RolloutWorker(threading.Thread):
     idx = prompt_order(len(self.task.train), position, self.schedule.prompts_per_chunk, self.seed)
     problems = [self.task.train[i] for i in idx]
     start = time.perf_counter()
-    groups = rollout.generate_groups(
-        self.sampler, self.sampler.params, [p.prompt_tokens for p in problems], self.group_size, self.settings,
-        seed=int(np.random.default_rng([self.seed, w.version, chunk]).integers(2**31)),
-        prompt_ids=list(range(position, position + len(problems))))
+    with self._timed("sampling"):
+      groups = rollout.generate_groups(
+          self.sampler, self.sampler.params, [p.prompt_tokens for p in problems], self.group_size, self.settings,
+          seed=int(np.random.default_rng([self.seed, w.version, chunk]).integers(2**31)),
+          prompt_ids=list(range(position, position + len(problems))))
     demos = []
     if self.demo_mixer is not None:
       demos = self.demo_mixer.mix(self.sampler, groups, np.random.default_rng([self.seed, w.version, chunk, 1]))
-    rewards_PxG, result = self.task.score_groups(problems, groups.response_tokens, groups.lengths)
+    with self._timed("scoring"):
+      rewards_PxG, result = self.task.score_groups(problems, groups.response_tokens, groups.lengths)
     check_reward_failures(result.num_failed + result.num_timeout, rewards_PxG.size, self.monitors,
                           f"rewards of window {w.index}, chunk {chunk}")
     if groups.snapshot_version != w.version:
       raise RuntimeError(f"sampler is at version {groups.snapshot_version}, window expects {w.version}")
-    self.buffer.add(groups, rewards_PxG, self.demo_mixer.chunk_fields(demos, groups) if self.demo_mixer else None)
+    with self._timed("packing: groups into the buffer"):
+      self.buffer.add(groups, rewards_PxG, self.demo_mixer.chunk_fields(demos, groups) if self.demo_mixer else None)
     self.stats.put((w.chunk_step(chunk, self.schedule.steps_per_chunk), {
         "rollout/reward_mean": float(rewards_PxG.mean()),
         "rollout/frac_groups_all_equal_reward": float((rewards_PxG == rewards_PxG[:, :1]).all(-1).mean()),

@@ -98,6 +98,8 @@ def window_policy(refresh_drift: float, drift_metric: str, sampler_delay_windows
 
 
 class StepHook(Protocol):
+  phase: str  # what its before_step's time is called in summary.md's 'Where the time went'
+
   def new_window(self) -> None:
     """A window begins (its buffer is empty)."""
 
@@ -113,6 +115,8 @@ class StepHook(Protocol):
 
 
 class PolicyProbe:
+  phase = "eval"
+
   def __init__(self, probe: policy_eval.PolicyEval, reporter: reporting.Reporter, policy_params: PolicyParams):
     self.probe, self.reporter, self.policy_params = probe, reporter, policy_params
 
@@ -138,6 +142,7 @@ class PolicyProbe:
 class OldPolicyScorer:
   """For a loss that reads pi_old (GRPO's ratio): each chunk scored once, with the params as the step that first
   sees it starts, so the PPO clip acts on the later steps of that round."""
+  phase = "old-policy scores"
 
   def __init__(self, score: ScoreChunk, buffer: RolloutBuffer, schedule: WindowSchedule,
                policy_params: PolicyParams):
