@@ -1,0 +1,170 @@
+"""The whole loop side by side: wall time to held-out pass@1 0.8 and 0.9, ours (OAPL at three lags, GRPO
+off-by-one) against Tunix 0.1.7's GRPO learner, on the demo's task from one warm start.
+
+    taskset -c 1 .venv/bin/python -m benchmarks.loop_bench --stage tune      # each side at 3 lrs, seed 0
+    taskset -c 1 .venv/bin/python -m benchmarks.loop_bench --stage seeds     # seeds 1, 2 at each side's picked lr
+    .venv/bin/python -m benchmarks.loop_bench --stage report --out docs/loop_bench   # table + PNG (no runs)
+
+The warm start is the demo's (configs/arithmetic.py, made once by apps/sweep_warmstart into WORKDIR/warmstart,
+with the character tokenizer written beside it as tokenizer.json); each library loads it with its own loader.
+Every side: the demo's 2-digit addition, exact-match reward, 16 prompts x G = 8 per trainer step, 120 steps,
+AdamW (b1 0.9, b2 0.95, clip 1.0), the same 256 held-out prompts, 4 samples each at temperature 0.6, top-p 0.95,
+evaluated every 10 trainer steps with the trainer's current params (ours: eval.every_steps; Tunix: before the
+learner's next batch). Wall time runs from the loop's start (compilation included) to each eval's end, eval time
+excluded (reported apart). Ours runs with no checkpoint but the last (Tunix saves none). Each run is one process,
+one at a time, on the CPU cores this is pinned to (taskset). Runs are kept under WORKDIR/<side>/lr*_s*/; a
+finished one is not rerun. The lr is picked per side from LRS by the best final pass@1 on seed 0 (ties: the best
+mean pass@1 over the curve), and seed 0's run is one of the 3 seeds. A benchmark, not a test.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+from benchmarks import loop_curves
+from benchmarks.tunix_bench import ROOT, tunix_python, worker_env
+
+WORKDIR = os.path.join(ROOT, "runs", "loop_bench")
+CONFIG = os.path.join(ROOT, "configs", "arithmetic.py")
+LRS = (3e-5, 1e-4, 3e-4)
+STEPS, EVAL_EVERY = 120, 10
+COMMON = [f"--config.warmstart.steps=0", f"--config.eval.every_steps={EVAL_EVERY}",
+          "--config.loop.eval_every_syncs=1000000", "--config.checkpoint.every_syncs=1000000"]
+SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 steps each), or None: Tunix
+    "oapl_L10": [],  # the demo's settings
+    "oapl_L4": ["--config.loop.sync_every=4", "--config.loop.num_syncs=30"],
+    "oapl_L40": ["--config.loop.sync_every=40", "--config.loop.num_syncs=3"],
+    "grpo_obo": ["--config.trainer.loss=grpo", "--config.loop.sync_every=2", "--config.loop.num_syncs=60",  # plan.py
+                 "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
+                 "--config.loop.sampler_delay_windows=1"],
+    "tunix_grpo": None,
+}
+
+
+def prepare(workdir: str) -> tuple[str, str]:
+  """(the warm start's HF directory with tokenizer.json, data.json for the Tunix worker), made once."""
+  from oapl_jax.apps import sweep_warmstart
+  sweep_warmstart.ensure(CONFIG, workdir, [])
+  warm, data = sweep_warmstart.directory(workdir), os.path.join(workdir, "data.json")
+  if not os.path.exists(data):
+    from oapl_jax.run import assemble, export, files, schema
+    rc = schema.from_config(files.load(CONFIG, []))
+    task = assemble.build_task(rc)
+    export.write_char_tokenizer(task.tokenizer, warm, rc.model.overrides["max_position_embeddings"])
+    held = task.eval_sets["held_out"][:rc.eval.num_prompts]
+    fields = lambda ps: [{"prompt": p.prompt, "answer": p.answer} for p in ps]  # noqa: E731
+    o, s, e = rc.trainer.optim, rc.sampler, rc.eval
+    out = {"train": fields(task.train), "held_out": fields(held),
+           "optim": {"b1": o.b1, "b2": o.b2, "weight_decay": o.weight_decay, "max_grad_norm": o.max_grad_norm},
+           "sampling": {"temperature": s.temperature, "top_p": s.top_p, "max_new_tokens": s.max_new_tokens,
+                        "max_prompt_length": s.max_prefill_length},
+           "eval": {"temperature": e.temperature, "top_p": e.top_p, "samples": e.samples,
+                    "max_new_tokens": e.max_new_tokens}}
+    task.close()
+    with open(data + ".tmp", "w") as f:
+      json.dump(out, f)
+    os.replace(data + ".tmp", data)
+  return warm, data
+
+
+def run_dir(workdir: str, side: str, lr: float, seed: int) -> str:
+  return os.path.join(workdir, side, f"lr{lr:g}_s{seed}")
+
+
+def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str) -> dict:
+  """One run (skipped when its result.json exists); returns loop_curves.Result fields as a dict."""
+  where = run_dir(workdir, side, lr, seed)
+  result_path = os.path.join(where, "result.json")
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      return json.load(f)
+  shutil.rmtree(where, ignore_errors=True)  # a run cut short starts over: a resume would not be one run's time
+  os.makedirs(where)
+  print(f"[loop_bench] {side} lr {lr:g} seed {seed} ...", flush=True)
+  if SIDES[side] is None:
+    cmd = [tunix_python(), "-m", "benchmarks.loop_tunix_worker", "--checkpoint", warm, "--data", data,
+           "--lr", str(lr), "--seed", str(seed), "--steps", str(STEPS), "--eval_every", str(EVAL_EVERY),
+           "--out", os.path.join(where, "tunix.json")]
+  else:
+    cmd = [sys.executable, "-m", "oapl_jax.main", "--config", CONFIG, "--workdir", os.path.join(where, "run"),
+           f"--config.model.checkpoint={warm}", f"--config.seed={seed}", f"--config.trainer.optim.lr={lr}",
+           *COMMON, *SIDES[side]]
+  with open(os.path.join(where, "log.txt"), "w") as log:
+    if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=worker_env()).returncode:
+      raise SystemExit(f"{side} lr {lr:g} seed {seed} failed; see {where}/log.txt")
+  result = (loop_curves.from_tunix(os.path.join(where, "tunix.json")) if SIDES[side] is None
+            else loop_curves.from_ours(os.path.join(where, "run")))
+  with open(result_path, "w") as f:
+    json.dump(result, f, indent=1)
+  return result
+
+
+def picked_lr(workdir: str, side: str) -> float | None:
+  tuned = {lr: _load(run_dir(workdir, side, lr, 0)) for lr in LRS}
+  return loop_curves.pick_lr({lr: r for lr, r in tuned.items() if r is not None})
+
+
+def _load(where: str) -> dict | None:
+  path = os.path.join(where, "result.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def report(workdir: str, out: str) -> str:
+  """The table (markdown) and curves (PNG) over every side's runs at its picked lr."""
+  from benchmarks import ceiling
+  rows, curves = [], {}
+  for side in SIDES:
+    lr = picked_lr(workdir, side)
+    if lr is None:
+      continue
+    results = [r for s in range(3) if (r := _load(run_dir(workdir, side, lr, s))) is not None]
+    rows.append(loop_curves.row(side, lr, results))
+    curves[side] = results
+  os.makedirs(out, exist_ok=True)
+  png = os.path.join(out, "loop_bench.png")
+  loop_curves.plot(curves, png)
+  load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+  text = "\n".join([f"cpu: {ceiling.cpu_description()}; load average {load} at the report; runs pinned to CPUs "
+                    f"{sorted(os.sched_getaffinity(0))} when made (see each log)", "",
+                    loop_curves.markdown(rows), "", f"curves: {png}", ""])
+  with open(os.path.join(out, "loop_bench.md"), "w") as f:
+    f.write(text)
+  return text
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--stage", choices=["tune", "seeds", "report"], required=True)
+  ap.add_argument("--sides", nargs="*", default=list(SIDES), choices=list(SIDES))
+  ap.add_argument("--lrs", type=float, nargs="*", default=list(LRS), help="tune: these of LRS only")
+  ap.add_argument("--workdir", default=WORKDIR)
+  ap.add_argument("--out", default=os.path.join(WORKDIR, "report"))
+  args = ap.parse_args(argv)
+  from benchmarks import ceiling
+  print(f"cpu: {ceiling.cpu_description()}; CPUs {sorted(os.sched_getaffinity(0))}; load {os.getloadavg()}",
+        flush=True)
+  if args.stage == "report":
+    return print(report(args.workdir, args.out))
+  warm, data = prepare(args.workdir)
+  for side in args.sides:
+    if args.stage == "tune":
+      for lr in args.lrs:
+        r = run(args.workdir, side, lr, 0, warm, data)
+        print(f"[loop_bench] {side} lr {lr:g}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
+              f"load {os.getloadavg()}", flush=True)
+    else:
+      lr = picked_lr(args.workdir, side)
+      for seed in (1, 2) if lr is not None else ():
+        r = run(args.workdir, side, lr, seed, warm, data)
+        print(f"[loop_bench] {side} lr {lr:g} seed {seed}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
+              f"load {os.getloadavg()}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,53 @@
+"""loop_bench's pure pieces: time to a pass@1 threshold on hand-made curves, the median with 'not reached', the lr
+pick, and a result read back from a run directory's metrics.jsonl and summary.json. No run is timed here."""
+import json
+
+import pytest
+
+from benchmarks import loop_curves
+
+
+def _curve(*points):
+  return [{"step": 10 * i, "seconds": s, "pass@1": p, "generations": 0} for i, (s, p) in enumerate(points)]
+
+
+def test_time_to_a_threshold_is_interpolated_between_the_evals_around_it():
+  curve = _curve((0.0, 0.5), (10.0, 0.7), (30.0, 0.9), (40.0, 0.85))
+  assert loop_curves.time_to(curve, 0.8) == pytest.approx(20.0)  # halfway from 0.7 at 10 s to 0.9 at 30 s
+  assert loop_curves.time_to(curve, 0.9) == pytest.approx(30.0)
+  assert loop_curves.time_to(curve, 0.95) is None
+  assert loop_curves.time_to(_curve((2.0, 0.92), (5.0, 0.5)), 0.9) == 2.0  # already there at the first eval
+
+
+def test_the_median_counts_not_reached_as_later_than_any_time():
+  assert loop_curves.median_time([30.0, None, 10.0]) == 30.0
+  assert loop_curves.median_time([30.0, None, None]) is None
+
+
+def test_the_lr_pick_takes_the_best_final_pass_then_the_best_mean():
+  tuned = {1e-4: {"curve": _curve((0, 0.2), (1, 0.9))}, 3e-4: {"curve": _curve((0, 0.6), (1, 0.9))},
+           3e-5: {"curve": _curve((0, 0.2), (1, 0.5))}}
+  assert loop_curves.pick_lr(tuned) == 3e-4
+  assert loop_curves.pick_lr({}) is None
+
+
+def test_a_result_from_our_run_directory(tmp_path):
+  rows = [{"step": 0, "policy_eval/held_out/pass@1": 0.2}, {"step": 0, "time/loop_seconds": 5.0, "time/eval_seconds": 3.0},
+          {"step": 0, "rollout/generations": 256.0, "rollout/response_length": 3.0},
+          {"step": 0, "train/tokens": 400.0},
+          {"step": 4, "rollout/generations": 256.0, "rollout/response_length": 2.0},
+          {"step": 10, "policy_eval/held_out/pass@1": 0.6}, {"step": 10, "time/loop_seconds": 25.0, "time/eval_seconds": 6.0},
+          {"step": 20, "eval/held_out/pass@1": 0.7, "time/loop_seconds": 40.0, "time/eval_seconds": 10.0},
+          {"step": 20, "policy_eval/held_out/pass@1": 0.8}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  phases = {"trainer": {"waiting for samples": 3.0, "eval": 7.0}, "sampler": {"waiting for the trainer": 12.0}}
+  (tmp_path / "summary.json").write_text(json.dumps({"phase_seconds": phases}))
+  r = loop_curves.from_ours(str(tmp_path))
+  assert [(p["step"], p["seconds"], p["pass@1"], p["generations"]) for p in r["curve"]] == [
+      (0, 2.0, 0.2, 0), (10, 19.0, 0.6, 512), (20, 30.0, 0.8, 512)]
+  assert r["run_seconds"] == 30.0 and r["eval_seconds"] == 10.0
+  assert r["generated_tokens"] == 256 * 5 and r["trained_tokens"] == 400
+  assert (r["trainer_wait_seconds"], r["sampler_wait_seconds"]) == (3.0, 12.0)
+  row = loop_curves.row("ours", 1e-4, [r])
+  assert row["to 0.8"] == pytest.approx(30.0) and row["trainer waits"] == pytest.approx(0.1)
+  assert "| ours | 0.0001 | 1 |" in loop_curves.markdown([row])
