@@ -1,0 +1,94 @@
+"""The lag curve without a run: the wall-time schedule against hand-computed windows and an event simulation,
+the learning-curve crossing, the plan's pairing and shapes, GRPO's lr rule, and a run's statistics from a
+hand-made history."""
+import numpy as np
+import pytest
+
+from experiments import lag_plan, lag_stats, plan, walltime
+from experiments.results import RunResult
+
+
+def test_window_by_hand():
+  c = walltime.Costs(sample=2.0, train=1.0, refresh=0.5)
+  # chunks ready at 2.5, 4.5, 6.5; updates 2.5-3.5, 4.5-5.5, 6.5-7.5
+  assert walltime.window_seconds(c, 3) == 7.5
+  assert walltime.simulate_window(c, 3) == (7.5, 0.5 + 2.0 + 1.0 + 1.0, 0.5 + 1.0)
+  assert walltime.window_seconds(c, 3, overlapped=False) == 0.5 + 3 * 3.0
+  fast_sampler = walltime.Costs(sample=1.0, train=2.0, refresh=0.0)  # the trainer sets the pace
+  assert walltime.window_seconds(fast_sampler, 4) == 1.0 + 4 * 2.0
+  assert walltime.simulate_window(fast_sampler, 4)[1] == 1.0  # waits only for the first chunk
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_closed_form_equals_the_event_simulation(seed):
+  rng = np.random.default_rng(seed)
+  c = walltime.Costs(*rng.uniform(0.01, 3.0, size=3))
+  lag = int(rng.integers(1, 60))
+  total, trainer_idle, sampler_idle = walltime.simulate_window(c, lag)
+  assert total == pytest.approx(walltime.window_seconds(c, lag))
+  assert trainer_idle + lag * c.train == pytest.approx(total)  # the trainer is either idle or updating
+  assert sampler_idle + lag * c.sample == pytest.approx(total)
+  assert walltime.window_seconds(c, lag) <= walltime.window_seconds(c, lag, overlapped=False) + 1e-12
+
+
+def test_lag_buys_time_only_through_overlap():
+  c = walltime.Costs(sample=1.0, train=1.0, refresh=0.0)
+  curve = [(0, 0.4), (10, 0.5), (20, 0.7)]
+  assert walltime.steps_to(curve, 0.6) == 15.0
+  assert walltime.steps_to(curve, 0.3) == 0.0 and walltime.steps_to(curve, 0.9) == float("inf")
+  # 15 steps at L = 5: three windows of (1 + 5 * 1) s overlapped, 5 * 2 s synchronous
+  assert walltime.time_to_target(c, 5, curve, 0.6) == 18.0
+  assert walltime.time_to_target(c, 5, curve, 0.6, overlapped=False) == 30.0
+  # the same curve at L = 1, synchronous, is the reference: 15 steps x 2 s
+  assert walltime.relative_to_synchronous(c, 5, curve, curve, 0.6) == pytest.approx(18.0 / 30.0)
+  assert np.isnan(walltime.relative_to_synchronous(c, 5, curve, [(0, 0.7)], 0.6))  # reached at the start
+  assert walltime.median_curve([[(0, 0.1), (10, 0.5)], [(0, 0.3), (10, 0.2), (20, 0.9)]]) == [(0, 0.2), (10, 0.35)]
+
+
+def _study():
+  return plan.Study("t", "configs/claims.py:arithmetic", False, steps=400, lag=50, long_lag=100, batch=4,
+                    every_steps=10)
+
+
+def test_cells_pair_both_losses_at_every_lag_in_the_fresh_shape():
+  task, study = lag_plan.TASKS["sort"], _study()
+  cells = lag_plan.main_cells(task, study, grpo_lr=3e-4, seeds=(0, 1))
+  assert len(cells) == 2 * len(lag_plan.LAGS) * 2
+  assert [c.arm.lag for c in cells[:2]] == [50, 50]  # the claim's lag first within a seed
+  for lag in lag_plan.LAGS:
+    for seed in (0, 1):
+      pair = [c for c in cells if c.arm.lag == lag and c.seed == seed]
+      assert sorted(c.arm.loss for c in pair) == ["grpo", "oapl"]
+      loops = [plan.loop_overrides(study, c.arm) for c in pair]
+      assert loops[0] == loops[1]  # the same lag, chunking and delay for both losses
+      assert loops[0]["loop.sync_every"] == lag and loops[0]["loop.num_syncs"] * lag == 400
+      assert loops[0]["loop.steps_per_rollout"] == 1 and loops[0]["loop.sampler_delay_windows"] == 0
+  assert {c.setting for c in cells if c.arm.loss == "oapl"} == {task.oapl}
+  assert {c.setting for c in cells if c.arm.loss == "grpo"} == {(3e-4, task.grpo_clip)}
+  assert all(c.seed in lag_plan.TUNE_SEEDS for c in lag_plan.tuning_cells(task, study))
+
+
+def test_grpo_lr_rule():
+  assert lag_plan.choose_lr({1e-4: [0.5, 0.6], 3e-4: [0.6, 0.5], 1e-3: [0.1, 0.2]}) == 1e-4  # tie: smaller
+  assert lag_plan.choose_lr({1e-4: [0.5, 0.5], 3e-4: [0.7, None]}) == 1e-4  # an unfinished lr cannot win
+  assert lag_plan.choose_lr({3e-4: [None, None]}) is None
+
+
+def test_run_stats_from_a_hand_made_history():
+  lag, steps = 4, 8
+  history = [{"step": 0, "policy_eval/dev/pass@1": 0.4}, {"step": 8, "policy_eval/dev/pass@1": 0.6}]
+  grad = [1.0, 1.0, 1.0, 9.0, 1.0, 1.0, 1.0, 1.0]  # one spike (9 > 5 x median 1)
+  drift = [0.0, 0.1, 0.2, 0.3, 0.0, 0.2, 0.4, 0.6]  # window ends at steps 3 and 7
+  for s in range(steps):
+    history.append({"step": s, "train/seq_log_ratio_abs_mean": drift[s], "train/grad_norm": grad[s],
+                    "train/update_skipped": 0.0, "train/log_ratio_abs_mean": drift[s], "train/advantage_std": 0.5,
+                    "train/tokens": 30.0, "train/tokens_per_second": 300.0, "rollout/seconds": 0.2,
+                    "sampler/refresh_seconds": 0.01})
+  arm = lag_plan.arm("oapl", lag)
+  r = RunResult(plan.Cell(arm, (1e-4, 0.1), 3), {"test": {"test": {"pass@1": 0.35}}, "generations": 256,
+                                                  "trainer_steps": steps}, history)
+  s = lag_stats.run_stats(r, warm_test_pass1=0.4, beta2=0.1)
+  assert s.collapsed and s.test_pass1 == 0.35 and s.val_auc == pytest.approx(0.5)
+  assert s.drift_max == 0.6 and s.drift_window_end == pytest.approx((0.3 + 0.6) / 2)
+  assert s.grad_spikes == 1 and s.train_seconds == pytest.approx(0.1) and s.sample_seconds == 0.2
+  assert s.knob == pytest.approx(np.mean([0.1 * d / 0.5 for d in drift]))
