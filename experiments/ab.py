@@ -25,13 +25,41 @@ import shlex
 import sys
 import time
 
-from experiments import claims, paired_stats, plan, results, task_config
+from experiments import claims, paired_stats, plan, results, stopping, task_config
 
 
 def parse_arm(text: str) -> tuple[str, dict]:
   name, *sets = shlex.split(text)
   from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
   return name, dict(files.parse_override(s) for s in sets)
+
+
+def arm_loop(study: plan.Study, overrides: dict) -> tuple[dict, dict]:
+  """(the arm's overrides with its loop shape applied as the study applies it, the shape's description).
+
+  `shape=fresh|reuse2|off_by_one|on_policy` and `lag=L` name a shape; without them the arm gets its loss's
+  study shape (OAPL and the others: fresh at the study's L; GRPO: off-by-one; on-policy GRPO: every step), so an
+  arm given only trainer.loss=grpo runs as the study's GRPO, never at OAPL's lag. An arm that sets loop.* fields
+  itself keeps them (they win over the shape's)."""
+  own = dict(overrides)
+  shape, lag = own.pop("shape", None), own.pop("lag", None)
+  loss = str(own.get("trainer.loss", "oapl"))
+  if shape is None:
+    arm = study.tuning_arm(loss) if loss in plan.KNOBS else plan.Arm(loss, loss, "fresh", study.lag, "claim")
+    shape, lag = arm.shape, lag or arm.lag
+  lag = int(lag or (2 if shape == "off_by_one" else 1 if shape == "on_policy" else study.lag))
+  loop = plan.loop_overrides(study, plan.Arm(loss, loss, str(shape), lag, "claim"))
+  return {**loop, **own}, {"loss": loss, "shape": shape, "lag": lag}
+
+
+def curve_metrics(workdir: str) -> dict:
+  """The validation curve's area (the study's tuning score) and the late entropy, from the run's metrics.jsonl."""
+  from experiments import tuning  # pylint: disable=import-outside-toplevel
+  history = results.read_history(workdir)
+  r = results.RunResult(None, {"trainer_steps": max((int(h["step"]) for h in history), default=0)}, history)
+  curve = r.curve()
+  return {"val_auc": tuning.auc(curve) if len(curve) > 1 else float("nan"),
+          "val_entropy": r.late_mean("token_entropy")}
 
 
 def run_one(study: plan.Study, overrides: dict, warm_dir: str, workdir: str) -> dict:
@@ -65,6 +93,20 @@ def run_one(study: plan.Study, overrides: dict, warm_dir: str, workdir: str) -> 
   return final
 
 
+def run_all(study: plan.Study, arms: dict, seeds: list[int], warm_dir: str, out: str, finals: dict,
+            workdirs: dict) -> None:
+  """Every arm x seed, seed-major (a cut-short A/B stays paired), filling finals and workdirs."""
+  total, started, ran = len(arms) * len(seeds), time.time(), 0
+  for i, (seed, arm) in enumerate((s, a) for s in seeds for a in arms):
+    workdir = os.path.join(out, "runs", arm, f"seed{seed}")
+    workdirs[arm][seed] = workdir
+    ran += results.read_json(os.path.join(workdir, "final.json")) is None
+    finals[arm][seed] = {**run_one(study, {**arms[arm], "seed": seed}, warm_dir, workdir), **curve_metrics(workdir)}
+    eta = (time.time() - started) / max(ran, 1) * (total - i - 1)  # from the runs made here, not the reused
+    print(f"[ab] {i + 1}/{total} {arm} seed {seed}: test pass@1 {value(finals[arm][seed], 'test/pass@1'):.4f}; "
+          f"ETA {eta / 60:.1f} min", flush=True)
+
+
 def compare(finals: dict[str, dict[int, dict]], metrics: list[str]) -> list[dict]:
   """Every arm after the first minus the first, per metric, paired by seed."""
   arms = list(finals)
@@ -85,7 +127,7 @@ def value(final: dict, metric: str) -> float:
   if metric.startswith("test/"):
     key = metric.split("/", 1)[1]
     return sum(m[key] for m in final["test"].values()) / len(final["test"])
-  return float(final[metric])
+  return float(final[metric]) if metric in final else float("nan")
 
 
 def plot_curves(out: str, workdirs: dict[str, dict[int, str]]) -> str:
@@ -142,7 +184,7 @@ def main(argv=None) -> int:
   p.add_argument("--smoke", action="store_true", help="the study's smoke sizes (a 5-step warm start, 8 eval prompts)")
   p.add_argument("--set", action="append", default=[], help="key=value for every arm")
   p.add_argument("--warm", help="the warm start's directory (default runs/ab/<task>/warm_<key>/warmstart)")
-  p.add_argument("--metrics", default="test/pass@1,test/pass@8,generations,refreshes,wall_seconds")
+  p.add_argument("--metrics", default="test/pass@1,val_auc,val_entropy,test/pass@8,generations,refreshes,wall_seconds")
   args = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   study = plan.make_study(None if args.config else "arithmetic", args.config, smoke=args.smoke)
@@ -155,21 +197,19 @@ def main(argv=None) -> int:
   warm_dir = os.path.abspath(os.path.expanduser(args.warm)) if args.warm else \
       claims.warm_dir_of(os.path.join(plan.REPO, "runs", "ab"), study)
   shared = dict(parse_arm("shared " + " ".join(args.set))[1])
-  arms = dict(parse_arm(a) for a in args.arm)
+  arms, shapes = {}, {}
+  for text in args.arm:
+    name, sets = parse_arm(text)
+    arms[name], shapes[name] = arm_loop(study, {**shared, **sets})
+    print(f"[ab] arm {name}: {shapes[name]['loss']}, shape {shapes[name]['shape']} at L = {shapes[name]['lag']}",
+          flush=True)
   seeds = [int(s) for s in args.seeds.split(",")]
   metrics = args.metrics.split(",")
   warm = claims.warm_start(study, warm_dir)
   finals: dict = {arm: {} for arm in arms}
   workdirs: dict = {arm: {} for arm in arms}
-  total, started, ran = len(arms) * len(seeds), time.time(), 0
-  for i, (seed, arm) in enumerate((s, a) for s in seeds for a in arms):  # seed-major: a cut-short study stays paired
-    workdir = os.path.join(out, "runs", arm, f"seed{seed}")
-    workdirs[arm][seed] = workdir
-    ran += results.read_json(os.path.join(workdir, "final.json")) is None
-    finals[arm][seed] = run_one(study, {**shared, **arms[arm], "seed": seed}, warm_dir, workdir)
-    eta = (time.time() - started) / max(ran, 1) * (total - i - 1)  # from the runs made here, not the reused
-    print(f"[ab] {i + 1}/{total} {arm} seed {seed}: test pass@1 {value(finals[arm][seed], 'test/pass@1'):.4f}; "
-          f"ETA {eta / 60:.1f} min", flush=True)
+  with stopping.one_line_stop("ab"):
+    run_all(study, arms, seeds, warm_dir, out, finals, workdirs)
   rows = compare(finals, metrics)
   results.write_json(os.path.join(out, "results.json"), {"arms": arms, "shared": shared, "finals": finals, "paired": rows})
   plot_curves(out, workdirs)

@@ -126,6 +126,7 @@ class State:
   tuning: dict = dataclasses.field(default_factory=dict)  # loss -> {(lr, knob): AUC or None (not run)}
   pilot: Optional[tuning.Pilot] = None  # the main OAPL arm learns
   headroom: dict = dataclasses.field(default_factory=dict)  # primary arm -> tuning.Headroom
+  pilot_missing: list = dataclasses.field(default_factory=list)  # primary arms whose pilot run has not finished
   primary_metric: str = "final"  # 'final' (test pass@1 at the end) or 'auc' (validation AUC: an arm at the ceiling)
   stopped: Optional[str] = None
   warm: Optional[dict] = None  # the warm start's eval.json
@@ -176,6 +177,9 @@ class Runner:
       if r is not None:
         curves[cell.arm.name] = r.curve()
     main = study.tuning_arm("oapl").name
+    s.pilot_missing = [a.name for a in study.primary_arms() if a.name not in curves]
+    if s.pilot_missing:
+      print(f"[claims] pilot not run yet for: {', '.join(s.pilot_missing)} (headroom unknown there)", flush=True)
     if main not in curves:
       s.stopped = "the pilot has not run"
       return False

@@ -81,8 +81,11 @@ def _pilot_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list[
     curve = r.curve()
     lines.append(f"| {cell.arm.name} | {_setting(cell.arm.loss, cell.setting)} | {curve[0][1]:.3f} | {h.mid:.3f} "
                  f"(step {h.step}) | {curve[-1][1]:.3f} | {'ok' if h.ok else f'**no** (>= {tuning.HEADROOM})'} |")
-  lines += ["", f"Primary metric: {tuning.PRIMARY_METRICS[state.primary_metric]}.", ""]
-  return lines
+  lines += ["", f"Primary metric: {tuning.PRIMARY_METRICS[state.primary_metric]}."]
+  if state.pilot_missing:
+    lines[-1] = (lines[-1][:-1] + f", but only among the arms whose pilot ran: **not run yet: "
+                 f"{', '.join(state.pilot_missing)}**.")
+  return lines + [""]
 
 
 def _warm_lines(state: claims.State) -> list[str]:

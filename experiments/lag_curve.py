@@ -13,22 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from typing import Sequence
 
-from experiments import claims, lag_plan, lag_report, tuning
-
-
-class Stopped(Exception):
-  pass
-
-
-def _stop_on_sigterm() -> None:
-  def handler(signum, frame):  # noqa: ARG001
-    raise Stopped(signal.Signals(signum).name)
-  signal.signal(signal.SIGTERM, handler)
+from experiments import claims, lag_plan, lag_report, stopping, tuning
 
 
 def tune_grpo(runner: claims.Runner, task: lag_plan.LagTask) -> tuple[dict, float | None]:
@@ -75,17 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
   claims.enable_compile_cache(os.path.join(args.runs, "jax_cache"))
-  _stop_on_sigterm()
   start = time.time()
-  try:
+  with stopping.one_line_stop("lag"):
     path = run_curve(lag_plan.TASKS[args.task], args.runs, args.out, args.smoke, args.collect, seeds)
-  except (KeyboardInterrupt, Stopped, RuntimeError) as e:
-    if isinstance(e, RuntimeError) and "stopped before its last window" not in str(e):
-      raise
-    name = "SIGINT" if isinstance(e, KeyboardInterrupt) else "SIGTERM" if isinstance(e, RuntimeError) else str(e)
-    print(f"[lag] stopped by {name} after {time.time() - start:.0f}s: finished runs are kept; the same command "
-          f"resumes (--collect writes the report from what finished)", file=sys.stderr, flush=True)
-    return 130 if name == "SIGINT" else 0
   print(f"[lag] report: {path} ({time.time() - start:.0f}s)", flush=True)
   return 0
 

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Sequence
 
-from experiments import claims, claims_report, plan, task_config
+from experiments import claims, claims_report, plan, stopping, task_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   start = time.time()
   runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage)
   try:
-    state = runner.study_all()
+    with stopping.one_line_stop("claims"):
+      state = runner.study_all()
   except task_config.ConfigRefused as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

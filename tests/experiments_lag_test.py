@@ -92,3 +92,49 @@ def test_run_stats_from_a_hand_made_history():
   assert s.drift_max == 0.6 and s.drift_window_end == pytest.approx((0.3 + 0.6) / 2)
   assert s.grad_spikes == 1 and s.train_seconds == pytest.approx(0.1) and s.sample_seconds == 0.2
   assert s.knob == pytest.approx(np.mean([0.1 * d / 0.5 for d in drift]))
+
+
+def test_ab_arms_get_their_loss_shape_as_the_study_runs_it():
+  from experiments import ab
+  study = _study()
+  grpo, shape = ab.arm_loop(study, {"trainer.loss": "grpo", "trainer.optim.lr": 3e-4})
+  assert shape == {"loss": "grpo", "shape": "off_by_one", "lag": 2}  # never OAPL's L = 50
+  assert grpo["loop.sync_every"] == 2 and grpo["loop.sampler_delay_windows"] == 1 and grpo["trainer.optim.lr"] == 3e-4
+  oapl, shape = ab.arm_loop(study, {})
+  assert shape == {"loss": "oapl", "shape": "fresh", "lag": 50} and oapl["loop.num_syncs"] == 8
+  same_lag, shape = ab.arm_loop(study, {"trainer.loss": "grpo", "shape": "fresh", "lag": 50})
+  assert shape["lag"] == 50 and same_lag["loop.sync_every"] == 50 and "shape" not in same_lag
+  own, _ = ab.arm_loop(study, {"loop.sync_every": 8})  # an arm's own loop fields win
+  assert own["loop.sync_every"] == 8
+
+
+def test_a_stop_is_one_line(capsys):
+  import signal
+  from experiments import stopping
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(SystemExit) as stop:
+    with stopping.one_line_stop("t"):
+      signal.raise_signal(signal.SIGTERM)
+  assert stop.value.code == 0
+  with pytest.raises(SystemExit) as stop:
+    with stopping.one_line_stop("t"):
+      raise RuntimeError(f"/x: the run {stopping.EARLY_END} ({{'finished': False}})")
+  assert stop.value.code == 0
+  with pytest.raises(SystemExit) as stop:
+    with stopping.one_line_stop("t"):
+      raise KeyboardInterrupt
+  assert stop.value.code == 130
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 3 and all(line.startswith("[t] stopped by SIG") for line in err)
+  with pytest.raises(ValueError):  # anything else is not a stop
+    with stopping.one_line_stop("t"):
+      raise ValueError("bad")
+  assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
+
+
+def test_collect_names_the_pilot_arms_not_run(tmp_path):
+  from experiments import claims
+  study = _study()
+  runner = claims.Runner(study, str(tmp_path), collect=True)
+  assert not runner.pilot()
+  assert runner.state.pilot_missing == [a.name for a in study.primary_arms()]
