@@ -66,13 +66,17 @@ def imports(repo: str = REPO, roots: Iterable[str] = ROOTS) -> list[Import]:
 
 
 def _walk(node: ast.AST, module_level: bool) -> Iterator[tuple[ast.AST, bool]]:
+  """(import statement, whether it runs when the module loads) for every import below `node`."""
   for child in ast.iter_child_nodes(node):
-    inner = module_level and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-    if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-      inner = False
     if isinstance(child, (ast.Import, ast.ImportFrom)):
       yield child, module_level
-    yield from _walk(child, inner)
+    elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+      for statement in child.body:
+        yield from _walk(ast.Module(body=[statement], type_ignores=[]), False)
+      for statement in child.orelse:
+        yield from _walk(ast.Module(body=[statement], type_ignores=[]), module_level)
+    else:
+      yield from _walk(child, module_level and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
 
 def _targets(node: ast.AST, package: str, known: dict[str, str]) -> list[str]:
