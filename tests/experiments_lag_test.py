@@ -138,3 +138,20 @@ def test_collect_names_the_pilot_arms_not_run(tmp_path):
   runner = claims.Runner(study, str(tmp_path), collect=True)
   assert not runner.pilot()
   assert runner.state.pilot_missing == [a.name for a in study.primary_arms()]
+
+
+def test_pooled_over_tasks_by_hand(tmp_path):
+  from experiments import pooled
+  # weights 1/4, 1/4 (task 1's two seeds), 1/2 (task 2's one seed, x2 its value): patterns by hand
+  # |+-.25 +-.25 +-1|: 1.5, .5, 1, 1, 1, 1, .5, 1.5 -> two of eight reach the observed 1.5
+  assert pooled.stratified_sign_flip([[1.0, 1.0], [2.0]]) == 0.25
+  p = pooled.pool([[0.1, 0.3], [-0.2, -0.4, -0.3]])
+  assert p.tasks == 2 and p.mean == pytest.approx((0.2 - 0.3) / 2)  # every task weighs the same
+  var = (0.02 / 2 + 0.01 / 3) / 4  # sample variances 0.02 and 0.01, over n, over K^2
+  assert p.ci_high - p.mean == pytest.approx(1.959964 * var ** 0.5)
+  assert (p.tasks_below, p.tasks_above) == (1, 1) and p.between_sd == pytest.approx(0.5 / 2 ** 0.5)
+  spec = {"claim": "c", "comparisons": [{"task": "a", "comparison": "x - y", "source": "s", "diffs": {"0": 0.1, "1": 0.3}},
+                                        {"task": "b", "comparison": "x - y", "source": "s",
+                                         "diffs": {"0": -0.2, "1": -0.4, "2": -0.3}}]}
+  text = open(pooled.report(spec, str(tmp_path))).read()
+  assert "-0.050" in text and (tmp_path / "forest.png").stat().st_size > 0
