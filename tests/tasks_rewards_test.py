@@ -2,6 +2,8 @@
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -168,3 +170,134 @@ def test_the_probe_reports_a_reward_that_hangs_in_one_line(hanging_reward, tmp_p
   [line] = caplog.records
   assert "the reward timed out on a probe before training" in line.getMessage()
   assert "hang_rewards:score timed out on item 0 after 1.0 s" in line.getMessage()
+
+
+# Issue 54.4: rewards contained like the code sandbox (tasks/reward_worker.py).
+HOSTILE_REWARDS = """
+import os, sys, time
+def daemon(record, response):
+  if os.fork() == 0:  # a verifier that daemonises: double fork, its own session, sleeping
+    if os.fork() == 0:
+      os.setsid()
+      with open(record["pids"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+      time.sleep(300)
+    os._exit(0)
+  while len(open(record["pids"]).read().split()) < record["count"]:
+    time.sleep(0.01)
+  if response == "hang":
+    time.sleep(60)
+  return 1.0
+def loud(record, response):
+  for _ in range(100_000):
+    print("y" * 99)  # 10 MB
+  return 1.0
+def hog(record, response):
+  return float(len(bytearray(record["mb"] << 20)) > 0)
+"""
+
+
+@pytest.fixture
+def hostile(tmp_path, monkeypatch):
+  (tmp_path / "hostile_rewards.py").write_text(HOSTILE_REWARDS)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  return tmp_path
+
+
+def _running(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+      return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+  except OSError:
+    return False
+
+
+def _pids(path) -> list[int]:
+  return [int(p) for p in path.read_text().split()]
+
+
+def _daemon_record(hostile, count: int) -> str:
+  return json.dumps({"pids": str(hostile / "pids"), "count": count})
+
+
+def test_what_a_reward_starts_dies_with_its_item_its_timeout_and_close(hostile):
+  (hostile / "pids").write_text("")
+  reward = rewards.make_reward("hostile_rewards:daemon", num_workers=1, timeout_s=3.0)
+  try:
+    result = reward(["ok"], [_daemon_record(hostile, 1)])
+    assert result.rewards.tolist() == [1] and (result.num_failed, result.num_timeout) == (0, 0)
+    [first] = _pids(hostile / "pids")
+    assert not _running(first)  # killed when its item returned
+    result = reward(["hang"], [_daemon_record(hostile, 2)])
+    assert result.rewards.tolist() == [0] and result.num_timeout == 1
+    assert not any(map(_running, _pids(hostile / "pids")))  # killed with the timed-out worker
+    assert reward.fn.left_running == 1
+  finally:
+    reward.close()
+  assert not multiprocessing.active_children()
+
+
+EXIT_MID_ITEM = """
+import json, os, sys, threading, time
+from oapl_jax.tasks import rewards
+reward = rewards.make_reward("hostile_rewards:daemon", num_workers=1, timeout_s=60.0)
+record = json.dumps({{"pids": {pids!r}, "count": 1}})
+threading.Thread(target=reward, args=(["hang"], [record]), daemon=True).start()
+while not open({pids!r}).read().strip():
+  time.sleep(0.01)
+os._exit(0)  # no close(), no exit hooks: as if the trainer were killed
+"""
+
+
+def test_a_killed_trainer_leaves_no_reward_process_behind(hostile):
+  (hostile / "pids").write_text("")
+  script = EXIT_MID_ITEM.format(pids=str(hostile / "pids"))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hostile), os.environ.get("PYTHONPATH", "")]))
+  subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+  [daemon] = _pids(hostile / "pids")
+  deadline = time.monotonic() + 10
+  while _running(daemon) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not _running(daemon)  # the worker saw its parent gone and killed what it started
+
+
+def test_a_reward_that_prints_10_mb_reaches_the_log_only_as_its_first_lines_and_a_count(hostile, capfd, caplog):
+  reward = rewards.make_reward("hostile_rewards:loud", num_workers=2, timeout_s=30.0)
+  try:
+    with caplog.at_level("WARNING"):
+      result = reward(["a", "b"], ["{}", "{}"])
+  finally:
+    reward.close()
+  assert result.rewards.tolist() == [1, 1]
+  out, err = capfd.readouterr()
+  assert len(out) + len(err) < 10_000  # not the 20 MB printed
+  printed = reward.fn.printed
+  assert (printed.lines, printed.bytes) == (200_000, 20_000_000)
+  assert printed.head == ["y" * 99] * 20 and printed.dropped_lines == 199_980
+  logged = "\n".join(r.getMessage() for r in caplog.records)
+  assert logged.count("y" * 99) == 20 and "199980 lines (19998000 bytes) were counted, not shown" in logged
+
+
+def test_an_allocation_past_reward_memory_mb_fails_fast_and_is_counted(hostile):
+  reward = rewards.make_reward("hostile_rewards:hog", num_workers=1, timeout_s=30.0, memory_mb=256)
+  try:
+    start = time.monotonic()
+    result = reward(["a", "b"], [json.dumps({"mb": 2048}), json.dumps({"mb": 64})])
+    assert time.monotonic() - start < 20
+  finally:
+    reward.close()
+  assert result.rewards.tolist() == [0, 1] and (result.num_failed, result.num_timeout) == (1, 0)
+
+
+def test_reward_memory_mb_is_a_task_field(hostile, tmp_path):
+  (tmp_path / "t.jsonl").write_text(json.dumps({"prompt": "p=", "answer": "a", "mb": 2048}) + "\n")
+  section = config_base.records_task(train_path=str(tmp_path / "t.jsonl"), eval_paths={},
+                                     reward="hostile_rewards:hog")
+  section.update(reward_memory_mb=256, reward_workers=1)
+  task = factory.build_task(section)
+  try:
+    assert task.reward_fn.fn.fn.memory_mb == 256  # Guarded(FinishedOnly(RecordReward))
+  finally:
+    task.close()
+  with pytest.raises(ValueError, match="reward_memory_mb=-1: must be >= 0"):
+    factory.build_task(dict(section, reward_memory_mb=-1))

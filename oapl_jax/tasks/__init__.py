@@ -13,6 +13,7 @@
                   `validation` section
   rewards         exact match; math_verify and import-path rewards in worker processes, timed; guards, make_reward
   math_verifier   the math_verify call that MathReward runs in its workers
+  reward_worker   a reward worker's containment: its process group killed, its prints bounded, its memory capped
   code_reward     the code-execution reward; sandbox, sandbox_pool, sandbox_launcher run the programs locked down;
                   output_match compares a program's output with the expected one
 """

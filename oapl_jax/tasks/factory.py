@@ -19,7 +19,8 @@ from oapl_jax.tasks.templates import ChatTokenizer
 @dataclasses.dataclass(frozen=True)
 class ChatSettings:
   """task.name='chat': problem/answer records (math/GSM8K-style) templated with the model's chat template.
-  answer_after: e.g. "####" for GSM8K, the answer is what follows it."""
+  answer_after: e.g. "####" for GSM8K, the answer is what follows it. reward_workers, reward_timeout_s,
+  reward_memory_mb: math_verify's worker processes, as in tasks/records_task.RecordsSettings."""
   name: str = "chat"
   tokenizer_dir: str = ""
   train_path: str = ""
@@ -31,6 +32,7 @@ class ChatSettings:
   reward: str = sections.rule("math_verify", choices=tuple(rewards.REWARDS))
   reward_workers: int = sections.rule(4, low=1)
   reward_timeout_s: float = sections.rule(10.0, low=0, low_open=True)
+  reward_memory_mb: int = sections.rule(0, low=0)
   max_train: int = sections.rule(0, low=0)
   answer_after: str = ""
 
@@ -64,7 +66,7 @@ def chat_task(cfg: ChatSettings) -> base.Task:
 
   train = problems(cfg.train_path, "train_path", cfg.max_train)
   eval_sets = {name: problems(path, f"eval_paths.{name}") for name, path in cfg.eval_paths.items()}
-  reward_kw = dict(num_workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s) \
+  reward_kw = dict(num_workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s, memory_mb=cfg.reward_memory_mb) \
       if cfg.reward == "math_verify" else {}
   return base.Task(name=cfg.reward, tokenizer=tokenizer, train=train, eval_sets=eval_sets,
                    reward_fn=rewards.make_reward(cfg.reward, **reward_kw))

@@ -39,7 +39,10 @@ class RecordsSettings:
   answer). tokenizer: "chars" (printable ASCII, tiny models) or an HF checkpoint directory.
   demonstrations_path: records with prompt_key (the same key as the prompts) and completion_key, for the warm
   start. reward_workers, reward_timeout_s: an import-path (or math_verify) reward runs in that many worker
-  processes, an item stopped after that many seconds (it scores 0 and counts as a reward failure).
+  processes, an item stopped after that many seconds (it scores 0 and counts as a reward failure); what an item
+  starts is killed when it returns, and what it prints is logged (first lines) and counted, never on the
+  trainer's stdout. reward_memory_mb: the memory (address space) an item may allocate in its worker, 0: no
+  limit; past it the item scores 0 and counts as a reward failure.
   unfinished_reward: what a response cut at the token budget scores with "chars"."""
   name: str = "records"
   train_path: str = ""
@@ -54,6 +57,7 @@ class RecordsSettings:
   instruction_suffix: str = ""
   reward_workers: int = sections.rule(2, low=1)
   reward_timeout_s: float = sections.rule(10.0, low=0, low_open=True)
+  reward_memory_mb: int = sections.rule(0, low=0)
   max_train: int = sections.rule(0, low=0)
   unfinished_reward: float = sections.rule(0.0, low=-1e9)
 
@@ -125,8 +129,8 @@ def from_config(cfg: RecordsSettings) -> base.Task:
   train = problems(cfg.train_path, "train_path", cfg.max_train)
   eval_sets = {name: problems(spec, f"eval_paths.{name}") for name, spec in dict(cfg.eval_paths).items()}
   in_workers = record_reward or cfg.reward == "math_verify"
-  reward = rewards.reward_by_name(cfg.reward, **(dict(num_workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s)
-                                                 if in_workers else {}))
+  reward = rewards.reward_by_name(cfg.reward, **(dict(num_workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s,
+                                                      memory_mb=cfg.reward_memory_mb) if in_workers else {}))
   if isinstance(tokenizer, PrintableTokenizer):
     reward = rewards.FinishedOnly(reward, char_tokenizer.EOS, cfg.unfinished_reward)
 

@@ -8,6 +8,7 @@ one from `REWARDS` or an import path.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures as cf
 from concurrent.futures.process import BrokenProcessPool
@@ -16,12 +17,15 @@ import importlib
 import json
 import logging
 import multiprocessing
+import threading
 import time
 from typing import Callable
+import weakref
 
 import numpy as np
 
-from oapl_jax.tasks import base
+from oapl_jax.tasks import base, reward_worker
+from oapl_jax.tasks.reward_worker import as_reward as _as_reward
 
 log = logging.getLogger(__name__)
 RewardResult = base.RewardResult
@@ -54,16 +58,6 @@ def exact_match_score(completion: str, answer: str) -> float:
 def exact_match_reward(completions: list[str], answers: list[str]) -> np.ndarray:
   return np.array([exact_match_score(c, a) for c, a in zip(completions, answers, strict=True)],
                   np.float32)
-
-
-def _as_reward(value) -> float:
-  """A finite real number (bools count as 0/1), or ValueError (strings, None, NaN and inf are failures)."""
-  if isinstance(value, (str, bytes)) or value is None:
-    raise ValueError(f"a reward must be a number, got {value!r}")
-  number = float(value)
-  if not np.isfinite(number):
-    raise ValueError(f"a reward must be finite, got {number}")
-  return number
 
 
 class ItemReward:
@@ -131,15 +125,30 @@ class Guarded:
 
 
 def _ready(score_fn: ScoreFn, warmup: Callable[[], object] | None) -> None:
-  """Run once per fresh worker: unpickling score_fn imports its module there; warmup imports the rest."""
+  """Run once per fresh worker: unpickling score_fn imports its module there; warmup imports the rest; then
+  the memory limit is set (reward_worker.limit_memory)."""
   del score_fn
   if warmup is not None:
     warmup()
+  reward_worker.limit_memory()
 
 
 def _remote_traceback(e: BaseException) -> str:
   """The worker's traceback of an exception a process pool re-raised here ('' for one raised here)."""
   return str(getattr(e.__cause__, "tb", "")).strip().strip('"').strip()
+
+
+_live: "weakref.WeakSet[WorkerReward]" = weakref.WeakSet()
+
+
+def _close_all() -> None:
+  """At the trainer's exit, workers (and anything they started) are killed even if no one called close()."""
+  for reward in list(_live):
+    reward.close()
+
+
+# Before concurrent.futures' own exit hook (registered earlier, run later), which waits for items in flight.
+getattr(threading, "_register_atexit", atexit.register)(_close_all)
 
 
 class WorkerReward:
@@ -150,31 +159,47 @@ class WorkerReward:
   number scores 0 (num_failed); one that runs past timeout_s scores 0 (num_timeout) and the pool is killed
   and restarted, re-running the items that were in flight beside it. `score_fn` must pickle (module level or
   a functools.partial of one); `warmup()` runs once in each fresh worker, before any item's clock starts.
+
+  Contained (tasks/reward_worker.py): what an item starts is killed when it returns, and with its worker on a
+  timeout, close() or the trainer's exit; its prints never reach the trainer's stdout (the first KEEP_LINES
+  of the run are logged, the rest counted in `printed`); memory_mb > 0 caps what an item may allocate
+  (past it: MemoryError, a failure).
   """
 
   def __init__(self, score_fn: ScoreFn, num_workers: int = 2, timeout_s: float = 10.0, name: str = "",
                warmup: Callable[[], object] | None = None, mp_context: str = "spawn",
-               startup_timeout_s: float = 120.0):
+               startup_timeout_s: float = 120.0, memory_mb: int = 0):
     self.score_fn, self.warmup, self.name = score_fn, warmup, name or repr(score_fn)
     self.num_workers = num_workers
     self.timeout_s = timeout_s
     self.mp_context = mp_context
     self.startup_timeout_s = startup_timeout_s
+    self.memory_mb = memory_mb
+    self.printed = reward_worker.PrintLog()
+    self.left_running = 0  # processes items left behind (killed)
+    self._dropped_logged = 0  # printed bytes not shown, as last logged
     self._pool: cf.ProcessPoolExecutor | None = None
     self._traced = False  # a failure's traceback was logged
+    _live.add(self)
 
   def __repr__(self) -> str:
     return f"{type(self).__name__}({self.name})"
 
   def _start(self) -> cf.ProcessPoolExecutor:
-    self._pool = cf.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context(self.mp_context))
+    self._pool = cf.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context(self.mp_context),
+                                        initializer=reward_worker.contain, initargs=(self.memory_mb,))
     # Workers spawn on submit; start all now so start-up is not billed to item timeouts.
     for f in [self._pool.submit(_ready, self.score_fn, self.warmup) for _ in range(self.num_workers)]:
       f.result(timeout=self.startup_timeout_s)
     return self._pool
 
   def close(self) -> None:
-    """Kills the workers (a hung one never returns by itself)."""
+    """Kills the workers and everything they started (a hung one never returns by itself)."""
+    if self.printed.dropped_bytes > self._dropped_logged:
+      log.warning("reward %s printed %d lines (%d bytes) so far; %d lines (%d bytes) were counted, not shown",
+                  self.name, self.printed.lines, self.printed.bytes, self.printed.dropped_lines,
+                  self.printed.dropped_bytes)
+      self._dropped_logged = self.printed.dropped_bytes
     pool, self._pool = self._pool, None
     if pool is None:
       return
@@ -182,7 +207,8 @@ class WorkerReward:
     manager = pool._executor_manager_thread  # pylint: disable=protected-access
     pool.shutdown(wait=False, cancel_futures=True)
     for p in procs:
-      p.kill()
+      if p.exitcode is None:  # not reaped yet, so its pid is still its own
+        reward_worker.kill_tree(p.pid)
     # The pool's manager thread also reaps the killed workers. Wait for it: a join racing it can
     # come back before the exit code is recorded, and the worker then still looks alive.
     if manager is not None:
@@ -197,12 +223,21 @@ class WorkerReward:
       self.close()  # leave no broken pool behind for the next call
       raise
 
-  def _failed(self, i: int, e: BaseException) -> None:
+  def _failed(self, i: int, error: str, trace: str) -> None:
     """One line per failed item; the first also with the worker's traceback."""
-    trace = "" if self._traced else _remote_traceback(e)
-    log.warning("reward %s failed on item %d: %s: %s%s", self.name, i, type(e).__name__, e,
-                f"\n{trace}" if trace else "")
+    trace = "" if self._traced else trace.strip()
+    log.warning("reward %s failed on item %d: %s%s", self.name, i, error, f"\n{trace}" if trace else "")
     self._traced |= bool(trace)
+
+  def _account(self, i: int, outcome: reward_worker.Outcome) -> None:
+    """Logs the first lines the reward printed in the run, and processes an item left running."""
+    if new := self.printed.add(outcome.printed):
+      log.warning("reward %s printed (kept off the trainer's stdout; the first %d lines of the run are logged here, "
+                  "the rest counted):\n%s", self.name, reward_worker.KEEP_LINES, "\n".join(new))
+    if outcome.left_running and not self.left_running:
+      log.warning("reward %s left %d processes running after item %d; they were killed (and will be after every "
+                  "item: a reward keeps no process between items)", self.name, outcome.left_running, i)
+    self.left_running += outcome.left_running
 
   def _score(self, completions: list[str], answers: list[str]) -> RewardResult:
     rewards = np.zeros(len(completions), np.float32)
@@ -213,7 +248,7 @@ class WorkerReward:
       pool = self._pool or self._start()
       while todo and len(running) < self.num_workers:  # at most one item per worker
         i = todo.popleft()
-        f = pool.submit(self.score_fn, completions[i], answers[i])
+        f = pool.submit(reward_worker.run_item, self.score_fn, completions[i], answers[i])
         running[f] = (i, time.monotonic() + self.timeout_s)
       next_deadline = min(d for _, d in running.values())
       done, _ = cf.wait(running, timeout=max(0.0, next_deadline - time.monotonic()),
@@ -222,11 +257,19 @@ class WorkerReward:
       for f in done:
         i, _ = running.pop(f)
         try:
-          rewards[i] = _as_reward(f.result())
-        except Exception as e:  # pylint: disable=broad-except
-          self._failed(i, e)
+          outcome = f.result()
+        except Exception as e:  # pylint: disable=broad-except  (the worker died, a result that does not pickle)
+          self._failed(i, f"{type(e).__name__}: {e}", _remote_traceback(e))
           failed += 1
           broken |= isinstance(e, BrokenProcessPool)
+          continue
+        self._account(i, outcome)
+        if outcome.error:
+          self._failed(i, outcome.error + (f" (past task.reward_memory_mb={self.memory_mb})"
+                                           if outcome.out_of_memory and self.memory_mb else ""), outcome.trace)
+          failed += 1
+        else:
+          rewards[i] = outcome.value
       now = time.monotonic()
       expired = [f for f, (_, d) in running.items() if d <= now]
       for f in expired:
@@ -245,13 +288,13 @@ class MathReward(WorkerReward):
   replaces it (module level, for tests)."""
 
   def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, verify_fn: ScoreFn | None = None,
-               mp_context: str = "spawn", startup_timeout_s: float = 120.0):
+               mp_context: str = "spawn", startup_timeout_s: float = 120.0, memory_mb: int = 0):
     if verify_fn is None:
       from oapl_jax.tasks import math_verifier  # pylint: disable=import-outside-toplevel
       # math_verify's own (soft) timeouts: three calls, all inside our hard one.
       verify_fn = functools.partial(math_verifier.score, timeout_s=max(1, int(timeout_s / 3)))
     super().__init__(verify_fn, num_workers, timeout_s, name="math_verify", mp_context=mp_context,
-                     startup_timeout_s=startup_timeout_s)
+                     startup_timeout_s=startup_timeout_s, memory_mb=memory_mb)
 
 
 @functools.lru_cache(maxsize=None)
