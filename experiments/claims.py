@@ -35,7 +35,7 @@ SMOKE_SAMPLES = (8, (1, 2, 4, 8))
 
 def final_sampling(study: plan.Study) -> tuple[int, tuple[int, ...]]:
   """(samples per test prompt, ks) of the end-of-run test eval."""
-  return SMOKE_SAMPLES if study.smoke else FINAL_SAMPLES
+  return SMOKE_SAMPLES if study.smoke else study.final_samples or FINAL_SAMPLES
 
 
 def run_config(study: plan.Study, cell: plan.Cell, warm_dir: str):

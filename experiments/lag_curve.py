@@ -38,7 +38,9 @@ def run_curve(task: lag_plan.LagTask, runs_dir: str, out: str, smoke: bool, coll
   aucs, lr = tune_grpo(runner, task)
   print(f"[lag] {task.name}: GRPO lr at L = 50 -> {lr} (mean validation AUC per lr: "
         + ", ".join(f"{k:g}: {v}" for k, v in aucs.items()) + ")", flush=True)
-  cells = lag_plan.main_cells(task, study, lr, seeds) if lr is not None else []
+  runner = claims.Runner(lag_plan.main_study(study), runs_dir, collect=collect)
+  runner.state.warm = warm
+  cells = lag_plan.main_cells(task, runner.study, lr, seeds) if lr is not None else []
   done = 0
   for i, cell in enumerate(cells):
     start = time.time()
@@ -48,7 +50,7 @@ def run_curve(task: lag_plan.LagTask, runs_dir: str, out: str, smoke: bool, coll
       left = len(cells) - i - 1
       print(f"[lag]   {i + 1}/{len(cells)} cells; ~{left * (time.time() - start) / 60:.0f} min left at this pace",
             flush=True)
-  return lag_report.write(task, study, runs_dir, out, warm, aucs, lr, cells)
+  return lag_report.write(task, runner.study, runs_dir, out, warm, aucs, lr, cells)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,9 @@ Rules fixed before the runs:
               its clip at round 3's off-by-one winner (inert here); each loss keeps its point at every L
   collapse    a run whose final test pass@1 is below the warm start's
   order       round-robin by seed, within a seed L = 50 first, then 10, 200, 1 (the claim's lag first)
+  evals       (set after the six sort tuning runs, before any main cell, for time: evals were 40-60% of a run)
+              the tuning cells as the claims study: policy eval every 10 steps, the test eval 32 samples per
+              prompt; the main cells: policy eval every MAIN_EVAL_EVERY steps, the test eval MAIN_FINAL_SAMPLES
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ TUNE_SEEDS = (1000, 1001)  # never main seeds
 GRPO_LRS = (1e-4, 3e-4, 1e-3)
 TUNE_LAG = 50
 ORDER = (50, 10, 200, 1, 400)  # within a seed
+MAIN_EVAL_EVERY = 20
+MAIN_FINAL_SAMPLES = (8, (1, 2, 4, 8))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +59,17 @@ TASKS = {
 
 
 def study_of(task: LagTask, smoke: bool = False) -> plan.Study:
-  """The claims study of the task with S = STEPS (its warm start and run directories are the study's)."""
-  study = plan.make_study(config=task.config, smoke=smoke, sets=dict(task.sets), secondary=False,
-                          steps=None if smoke else STEPS)
-  return study
+  """The claims study of the task with S = STEPS (its warm start and run directories are the study's); the
+  tuning cells run in it."""
+  return plan.make_study(config=task.config, smoke=smoke, sets=dict(task.sets), secondary=False,
+                         steps=None if smoke else STEPS)
+
+
+def main_study(study: plan.Study) -> plan.Study:
+  """The main cells' study: the same task, warm start and directories, the coarser eval (rules: evals)."""
+  if study.smoke:
+    return study
+  return dataclasses.replace(study, every_steps=MAIN_EVAL_EVERY, final_samples=MAIN_FINAL_SAMPLES)
 
 
 def arm(loss: str, lag: int) -> plan.Arm:

@@ -99,6 +99,8 @@ class Study:
   learning_rates: tuple[float, ...] = LEARNING_RATES
   knob_points: Optional[int] = None  # the smoke's 1: the middle knob value only
   secondary: bool = True  # run the secondary baselines and the beta1 probe after the claims' cells
+  final_samples: Optional[tuple[int, tuple[int, ...]]] = None  # the end-of-run test eval's (samples, ks), if not
+  # the harness's default (experiments/claims.FINAL_SAMPLES)
 
   def arms(self) -> dict[str, Arm]:
     """name -> arm, in priority order within a seed."""

@@ -1,6 +1,8 @@
 """The lag curve without a run: the wall-time schedule against hand-computed windows and an event simulation,
 the learning-curve crossing, the plan's pairing and shapes, GRPO's lr rule, and a run's statistics from a
 hand-made history."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -155,3 +157,12 @@ def test_pooled_over_tasks_by_hand(tmp_path):
                                          "diffs": {"0": -0.2, "1": -0.4, "2": -0.3}}]}
   text = open(pooled.report(spec, str(tmp_path))).read()
   assert "-0.050" in text and (tmp_path / "forest.png").stat().st_size > 0
+
+
+def test_main_cells_differ_from_the_tuning_cells_only_in_their_evals():
+  from experiments import claims
+  study = _study()
+  main = lag_plan.main_study(study)
+  assert dataclasses.replace(main, every_steps=study.every_steps, final_samples=None) == study
+  assert main.every_steps == lag_plan.MAIN_EVAL_EVERY and claims.final_sampling(main) == lag_plan.MAIN_FINAL_SAMPLES
+  assert claims.final_sampling(study) == claims.FINAL_SAMPLES
