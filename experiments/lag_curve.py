@@ -21,11 +21,20 @@ from experiments import claims, lag_plan, lag_report, stopping, tuning
 
 
 def tune_grpo(runner: claims.Runner, task: lag_plan.LagTask) -> tuple[dict, float | None]:
-  """GRPO's lr at L = 50: every (lr, tuning seed) cell, then the largest mean validation AUC."""
+  """GRPO's lr at L = 50: every (lr, tuning seed) cell, the largest mean validation AUC, the grid extended past
+  an edge winner (lag_plan.extend)."""
   aucs: dict[float, list] = {}
-  for cell in lag_plan.tuning_cells(task, runner.study):
-    result = runner.run("grpo lr at L = 50", cell)
-    aucs.setdefault(cell.lr, []).append(tuning.auc(result.curve()) if result is not None else None)
+  lrs = list(lag_plan.GRPO_LRS)
+  for _ in range(lag_plan.MAX_EXTENSIONS + 1):
+    for cell in lag_plan.tuning_cells(task, runner.study, [lr for lr in lrs if lr not in aucs]):
+      result = runner.run("grpo lr at L = 50", cell)
+      aucs.setdefault(cell.lr, []).append(tuning.auc(result.curve()) if result is not None else None)
+    winner = lag_plan.choose_lr(aucs)
+    nxt = lag_plan.extend(lrs, winner) if winner is not None and len(aucs) == len(lrs) else None
+    if nxt is None or any(x is None for v in aucs.values() for x in v):
+      return aucs, winner
+    print(f"[lag] GRPO's lr {winner:g} is at the grid's edge: adding {nxt:g}", flush=True)
+    lrs.append(nxt)
   return aucs, lag_plan.choose_lr(aucs)
 
 

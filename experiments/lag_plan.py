@@ -13,6 +13,9 @@ Rules fixed before the runs:
   settings    OAPL at its L = 50 tuned point from round 3 (reports/claims_v3); GRPO's lr tuned at L = 50 on
               the two seeds TUNE_SEEDS over GRPO_LRS (largest mean validation AUC, ties to the smaller lr),
               its clip at round 3's off-by-one winner (inert here); each loss keeps its point at every L
+              (added while the sort tuning ran, before any main cell: GRPO_LRS' winner at an edge extends the
+              grid one half-decade past it, 1e-4 -> 3e-5, 1e-3 -> 3e-3, both tuning seeds, until the winner is
+              inside or MAX_EXTENSIONS were added)
   collapse    a run whose final test pass@1 is below the warm start's
   order       round-robin by seed, within a seed L = 50 first, then 10, 200, 1 (the claim's lag first)
   evals       (set after the six sort tuning runs, before any main cell, for time: evals were 40-60% of a run)
@@ -22,6 +25,7 @@ Rules fixed before the runs:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional, Sequence
 
 from experiments import plan
@@ -33,6 +37,7 @@ SEEDS = tuple(range(5))
 TUNE_SEEDS = (1000, 1001)  # never main seeds
 GRPO_LRS = (1e-4, 3e-4, 1e-3)
 TUNE_LAG = 50
+MAX_EXTENSIONS = 2
 ORDER = (50, 10, 200, 1, 400)  # within a seed
 MAIN_EVAL_EVERY = 20
 MAIN_FINAL_SAMPLES = (8, (1, 2, 4, 8))
@@ -91,6 +96,17 @@ def main_cells(task: LagTask, study: plan.Study, grpo_lr: float, seeds: Sequence
   lags = sorted(lags_of(task, study), key=lambda L: ORDER.index(L) if L in ORDER else L)
   points = {"oapl": task.oapl, "grpo": (grpo_lr, task.grpo_clip)}
   return [study.cell(arm(loss, L), points[loss], s) for s in seeds for L in lags for loss in ("oapl", "grpo")]
+
+
+def extend(lrs: Sequence[float], winner: float) -> Optional[float]:
+  """The next half-decade past an edge winner (1e-4 -> 3e-5 below, 1e-3 -> 3e-3 above), None inside the grid."""
+  ordered = sorted(lrs)
+  if len(ordered) < 2 or ordered[0] < winner < ordered[-1]:
+    return None
+  mantissa = round(winner / 10 ** math.floor(math.log10(winner) + 1e-9))
+  if winner == ordered[0]:
+    return float(f"{winner / 10 * 3:.0e}") if mantissa == 1 else float(f"{winner / 3:.0e}")
+  return float(f"{winner * 3:.0e}") if mantissa == 1 else float(f"{winner / 3 * 10:.0e}")
 
 
 def choose_lr(aucs: dict[float, list[Optional[float]]]) -> Optional[float]:

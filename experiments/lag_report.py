@@ -25,13 +25,16 @@ def _ci(mean: float, low: float, high: float) -> str:
   return f"{_fmt(mean)} [{_fmt(low)}, {_fmt(high)}]" if not math.isnan(low) else _fmt(mean)
 
 
-def load(study: plan.Study, runs_dir: str, cells: list[plan.Cell]) -> dict[tuple[str, int], list[results.RunResult]]:
+def load(runs_dir: str, cells: list[plan.Cell]) -> tuple[dict[tuple[str, int], list[results.RunResult]], dict]:
+  """({(loss, lag): finished runs}, {cell name: its summary.json})."""
   out: dict[tuple[str, int], list[results.RunResult]] = {}
+  summaries = {}
   for cell in cells:
     r = results.load(runs_dir, cell)
     if r is not None:
       out.setdefault((cell.arm.loss, cell.arm.lag), []).append(r)
-  return out
+      summaries[cell.name] = results.read_json(os.path.join(runs_dir, cell.name, "summary.json")) or {}
+  return out, summaries
 
 
 def _best_lag(runs, loss: str) -> Optional[int]:
@@ -86,7 +89,30 @@ def walltime_lines(runs, stats, warm_val: float, out_dir: str) -> tuple[list[str
     cells = ["inf" if math.isinf(x) else _fmt(x, 2) for x in rel]
     lines.append(f"| {loss} L = {lag} | {_fmt(steps, 0) if np.isfinite(steps) else 'inf'} | " + " | ".join(cells) + " |")
   name = lag_plots.walltime_plot(curves, costs, target, base, out_dir)
-  return lines + [""], name
+  return lines + [""] + check_lines(stats), name
+
+
+def check_lines(stats: list[lag_stats.RunStats]) -> list[str]:
+  """The model against the runs' own phase clocks (summary.json), each (loss, L) with its own measured costs."""
+  timed = [s for s in stats if np.isfinite(s.measured_trainer_wait)]
+  if not timed:
+    return []
+  lines = ["### The model against the measured runs", "",
+           "Each arm's own per-step costs (medians over its seeds, from the phase clock) put into the model, against "
+           "what its runs measured, as shares of the loop's time outside the trainer's evals. On this host the "
+           "sampler and the trainer share 2 CPU cores (and other jobs ran beside), which the model does not assume.",
+           "", "| loss, L | t_sample (s) | t_train (s) | s/step: model | s/step: measured | trainer waits: model | "
+           "measured | sampler waits: model | measured |", "|---|---|---|---|---|---|---|---|---|"]
+  for key in sorted({(s.loss, s.lag) for s in timed}):
+    arm = [s for s in timed if (s.loss, s.lag) == key]
+    c = walltime.Costs(*(float(np.median([getattr(s, f) for s in arm]))
+                         for f in ("sample_seconds", "train_seconds", "refresh_seconds")))
+    total, trainer_idle, sampler_idle = walltime.simulate_window(c, key[1])
+    per_step = float(np.median([s.loop_seconds_outside_eval / lag_plan.STEPS for s in arm]))
+    lines.append(f"| {key[0]} L = {key[1]} | {c.sample:.3f} | {c.train:.3f} | {total / key[1]:.3f} | {per_step:.3f} | "
+                 f"{trainer_idle / total:.0%} | {np.mean([s.measured_trainer_wait for s in arm]):.0%} | "
+                 f"{sampler_idle / total:.0%} | {np.mean([s.measured_sampler_wait for s in arm]):.0%} |")
+  return lines + [""]
 
 
 def write(task: lag_plan.LagTask, study: plan.Study, runs_dir: str, out_dir: str, warm: Optional[dict],
@@ -94,8 +120,8 @@ def write(task: lag_plan.LagTask, study: plan.Study, runs_dir: str, out_dir: str
   os.makedirs(out_dir, exist_ok=True)
   warm_test = float(np.mean([m["pass@1"] for m in warm["test"].values()])) if warm else float("nan")
   warm_val = float(np.mean([m["pass@1"] for m in warm["val"].values()])) if warm else float("nan")
-  runs = load(study, runs_dir, cells)
-  stats = [lag_stats.run_stats(r, warm_test, task.oapl[1]) for rs in runs.values() for r in rs]
+  runs, summaries = load(runs_dir, cells)
+  stats = [lag_stats.run_stats(r, warm_test, task.oapl[1], summaries[r.cell.name]) for rs in runs.values() for r in rs]
   lags = sorted({lag for _, lag in runs})
   lines = [f"# The lag curve: {task.name}{' (smoke)' if study.smoke else ''}", "",
            f"Config `{study.config}`{' with ' + ', '.join(f'{k}={v}' for k, v in task.sets) if task.sets else ''}. "

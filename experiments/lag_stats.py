@@ -34,9 +34,32 @@ class RunStats:
   sample_seconds: float  # median seconds per step's chunk (sampling and scoring)
   train_seconds: float  # median seconds per update
   refresh_seconds: float  # median seconds per snapshot refresh
+  measured_trainer_wait: float = float("nan")  # share of the loop's time outside evals the trainer waited for data
+  measured_sampler_wait: float = float("nan")  # ... and the sampler waited for the trainer (summary.json's phases)
+  loop_seconds_outside_eval: float = float("nan")
 
 
-def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[float]) -> RunStats:
+TRAIN_PHASES = ("train step: dispatch", "host sync: a step's metrics fetched (waits for its compute)",
+                "packing: the batch onto the trainer's devices", "old-policy scores")
+SAMPLE_PHASES = ("sampling", "scoring", "packing: groups into the buffer")
+
+
+def phase_costs(summary: dict) -> Optional[dict]:
+  """Per-step costs and waiting shares from a run's summary.json phases (reporting.PhaseClock), or None. The
+  shares are of the loop's time outside the trainer's evals (the model has no evals)."""
+  phases, steps = summary.get("phase_seconds"), summary.get("trainer_steps")
+  if not phases or not steps:
+    return None
+  trainer, sampler = phases.get("trainer", {}), phases.get("sampler", {})
+  outside = summary["loop_seconds"] - trainer.get("eval", 0.0)
+  return {"train": sum(trainer.get(p, 0.0) for p in TRAIN_PHASES) / steps,
+          "sample": sum(sampler.get(p, 0.0) for p in SAMPLE_PHASES) / steps,
+          "trainer_wait": trainer.get("waiting for samples", 0.0) / outside,
+          "sampler_wait": sampler.get("waiting for the trainer", 0.0) / outside, "outside_eval": outside}
+
+
+def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[float],
+              summary: Optional[dict] = None) -> RunStats:
   lag = r.cell.arm.lag
   drift = _values(r, "train/seq_log_ratio_abs_mean")
   steps = [s for s, _ in results.series(r.history, "train/seq_log_ratio_abs_mean")]
@@ -51,6 +74,13 @@ def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[floa
     knob, tis = float(np.mean(_values(r, "train/clip_fraction"))), float(np.mean(_values(r, "train/tis_weight_mean")))
   tokens, rate = _values(r, "train/tokens"), _values(r, "train/tokens_per_second")
   test = r.test_mean("pass@1")
+  costs = phase_costs(summary or {})
+  timing = dict(sample_seconds=float(np.median(_values(r, "rollout/seconds"))),
+                train_seconds=float(np.median(tokens / np.maximum(rate, 1e-9))) if rate.size else float("nan"))
+  if costs:  # the phase clock's per-step costs: the sampler's own time, the trainer's step without its waits
+    timing = dict(sample_seconds=costs["sample"], train_seconds=costs["train"],
+                  measured_trainer_wait=costs["trainer_wait"], measured_sampler_wait=costs["sampler_wait"],
+                  loop_seconds_outside_eval=costs["outside_eval"])
   return RunStats(
       seed=r.cell.seed, loss=r.cell.arm.loss, lag=lag, test_pass1=test, val_auc=tuning.auc(r.curve()),
       collapsed=test < warm_test_pass1,
@@ -58,9 +88,7 @@ def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[floa
       drift_window_end=float(np.mean(window_end)) if window_end else float("nan"),
       grad_spikes=int(np.sum(grad > SPIKE_FACTOR * np.median(grad))) if grad.size else 0,
       skipped=int(np.sum(_values(r, "train/update_skipped"))), knob=knob, tis_weight=tis,
-      sample_seconds=float(np.median(_values(r, "rollout/seconds"))),
-      train_seconds=float(np.median(tokens / np.maximum(rate, 1e-9))) if rate.size else float("nan"),
-      refresh_seconds=float(np.median(_values(r, "sampler/refresh_seconds"))))
+      refresh_seconds=float(np.median(_values(r, "sampler/refresh_seconds"))), **timing)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -166,3 +166,11 @@ def test_main_cells_differ_from_the_tuning_cells_only_in_their_evals():
   assert dataclasses.replace(main, every_steps=study.every_steps, final_samples=None) == study
   assert main.every_steps == lag_plan.MAIN_EVAL_EVERY and claims.final_sampling(main) == lag_plan.MAIN_FINAL_SAMPLES
   assert claims.final_sampling(study) == claims.FINAL_SAMPLES
+
+
+def test_an_edge_winner_extends_the_grid_by_half_a_decade():
+  assert lag_plan.extend((1e-4, 3e-4, 1e-3), 1e-4) == 3e-5
+  assert lag_plan.extend((3e-5, 1e-4, 3e-4, 1e-3), 3e-5) == 1e-5
+  assert lag_plan.extend((1e-4, 3e-4, 1e-3), 1e-3) == 3e-3
+  assert lag_plan.extend((1e-4, 3e-4, 1e-3, 3e-3), 3e-3) == 1e-2
+  assert lag_plan.extend((1e-4, 3e-4, 1e-3), 3e-4) is None
