@@ -368,7 +368,7 @@ def test_each_program_output_is_dropped_once_graded(monkeypatch):
   refs = []
 
   class DonePool:  # runs "finished" at once, each with an output the reward alone holds
-    def submit(self, source, stdin, limits):
+    def submit(self, source, stdin, limits, keep_stdout=None):
       future = concurrent.futures.Future()
       result = sandbox.RunResult("ok", 0, None, b"0 ok 0.1 2\n3\n", b"", 0.1, 0.1)
       refs.append(weakref.ref(result))
@@ -384,3 +384,47 @@ def test_each_program_output_is_dropped_once_graded(monkeypatch):
   result = reward(records, [fenced("print(3)")] * 4)
   assert result.rewards.tolist() == [1.0] * 4
   assert seen == [4, 3, 2, 1]
+
+
+# Issue 54.5: the sandbox hands back no more of a test's output than the grader reads.
+def _records(*tests: tuple[str, bytes]) -> bytes:
+  return b"".join(b"%d %s 0.1000 %d\n" % (i, status.encode(), len(payload)) + payload
+                  for i, (status, payload) in enumerate(tests))
+
+
+def test_grader_head_keeps_what_the_grader_reads_in_any_chunking():
+  stream = _records(("ok", b"3\n"), ("ok", b"9" * 5000), ("error", b"Traceback" * 100), ("ok", b""))
+  want = _records(("ok", b"3\n"), ("ok", b"9" * 100), ("error", b""), ("ok", b""))
+  rng = random.Random(0)
+  for _ in range(20):
+    head, kept, pos = code_reward.GraderHead([100] * 4), b"", 0
+    while pos < len(stream):
+      step = rng.choice([1, 2, 7, 64, 65, 4096])
+      kept += head(stream[pos:pos + step])
+      pos += step
+    assert kept == want
+    assert (head.cut.tests, head.cut.bytes) == (2, 4900 + 900)
+  head = code_reward.GraderHead([100])  # a record the harness did not write: nothing past it is kept
+  assert head(_records(("ok", b"3")) + b"forged " * 20) == _records(("ok", b"3"))
+  assert head.cut.bytes == 140
+
+
+def test_the_sandbox_hands_back_a_flood_cut_to_the_graders_budget():
+  record = {"tests": [{"input": "", "output": "3", "testtype": "stdin"},
+                      {"input": "", "output": "3", "testtype": "stdin"}]}
+  suite = code_reward.parse_tests(record)
+  [cap, _] = code_reward.output_caps(suite)
+  assert cap == output_match.stdout_budget("3") + 64
+  flood = fenced("import sys\nsys.stdout.write('3' * (4 << 20))")  # 4 MiB a test, each run exits 0
+  _, job = code_reward._job(record, flood, code_reward.Settings(partial_credit=True))  # pylint: disable=protected-access
+  head = code_reward.GraderHead(code_reward.output_caps(suite))
+  result = sandbox.run(job.source, job.stdin, job.limits, keep_stdout=head)
+  assert result.ok and len(result.stdout) < 2 * (cap + 64)  # was 8 MiB
+  assert (head.cut.tests, head.cut.bytes) == (2, 2 * ((4 << 20) - cap))
+  assert code_reward.grade(suite, result, partial_credit=True) == (0.0, False)  # over budget: fails, as uncut
+  reward = code_reward.CodeReward(num_workers=2, partial_credit=True)
+  try:
+    result = reward([record] * 2, [flood, fenced("print(3)")])
+  finally:
+    reward.close()
+  assert result.rewards.tolist() == [0, 1] and (reward.cut.tests, reward.cut.bytes) == (2, 2 * ((4 << 20) - cap))

@@ -14,7 +14,8 @@ crash is kept. The sandbox gets the code and the inputs only: nothing derived fr
 outputs (not even their sizes) enters it, so the program cannot find them in memory. Each test's
 stdout (or return value) is capped by a fixed `output_bytes`, the run's total by
 `total_output_bytes`, and the comparison runs here, in the grader, on at most a small multiple of
-the expected output (a longer output or line fails unparsed: `output_match.py`). Reward 1.0 iff every
+the expected output (a longer output or line fails unparsed: `output_match.py`); the sandbox hands back
+no more of each test's output than that (`GraderHead`, applied here as it arrives). Reward 1.0 iff every
 test passes (`partial_credit=True`: the fraction passed). Without partial credit the harness stops at
 the first test that crashes or times out. A test that crashes, or kills itself or its process
 group, fails; only a test out of wall or CPU time counts as a timeout.
@@ -55,7 +56,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from oapl_jax.tasks import base, sandbox, sandbox_pool
+from oapl_jax.tasks import base, output_match, sandbox, sandbox_pool
 from oapl_jax.tasks.output_match import returned_matches, stdout_matches
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
@@ -289,8 +290,8 @@ HARNESS_SOURCE = "import os\n" + "\n".join(inspect.getsource(f) for f in (
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """output_bytes: the most stdout (or JSON return value) one test may produce, more fails it;
-  total_output_bytes: the most one program's run may send back for all its tests (the grader holds
-  it in memory), more fails the tests not yet sent. Both fixed: a cap derived from the expected
+  total_output_bytes: the most one program's run may send back for all its tests, more fails the tests
+  not yet sent (the grader keeps of each test only what it reads: GraderHead). Both fixed: a cap derived from the expected
   outputs would tell the program their sizes."""
   timeout_s: float = 6.0  # per test
   partial_credit: bool = False
@@ -337,6 +338,71 @@ def _parse_records(stdout: bytes) -> list[tuple[str, memoryview]]:
   return records
 
 
+_CUT_MARGIN = 64  # bytes kept past what the grader reads: a cut output is still longer, so it still fails
+
+
+@dataclasses.dataclass
+class OutputsCut:
+  """Test outputs the grader was handed cut to what it reads (CodeReward.cut): how many, bytes dropped."""
+  tests: int = 0
+  bytes: int = 0
+
+
+class GraderHead:
+  """Keeps of the harness's record stream (see _parse_records), chunk by chunk as it arrives, each test's
+  header and the first caps[i] bytes of its payload (none of a test that did not pass: the grader reads
+  no more), the header then giving the length kept. After a record the harness did not write nothing is
+  kept (the grader stops there). What it drops is counted in `cut`."""
+
+  def __init__(self, caps: Sequence[int]):
+    self.caps, self.cut = list(caps), OutputsCut()
+    self._header, self._index, self._left, self._keep, self._broken = bytearray(), 0, 0, 0, False
+
+  def __call__(self, chunk: bytes) -> bytes:
+    kept, view = bytearray(), memoryview(chunk)
+    while view and not self._broken:
+      if self._left:  # inside a payload
+        n = min(len(view), self._left)
+        k = min(n, self._keep)
+        kept += view[:k]
+        self._left, self._keep, view = self._left - n, self._keep - k, view[n:]
+        continue
+      end = bytes(view[:64 - len(self._header)]).find(b"\n")  # a record's header is short
+      if end < 0 and len(self._header) + len(view) < 64:
+        self._header += view
+        view = view[:0]
+        break
+      take = end + 1 if end >= 0 else 64 - len(self._header)
+      self._header += view[:take]
+      view = view[take:]
+      kept += self._start_record()
+    self.cut.bytes += len(view)  # past a broken record
+    return bytes(kept)
+
+  def _start_record(self) -> bytes:
+    """The header just read, with the length to be kept; sets what to keep of its payload."""
+    header, self._header = bytes(self._header), bytearray()
+    fields = header.split()
+    if (len(fields) != 4 or fields[0] != b"%d" % self._index or not fields[3].isdigit()
+        or self._index >= len(self.caps) or not header.endswith(b"\n")):
+      self._broken = True
+      self.cut.bytes += len(header)
+      return b""
+    self._left = int(fields[3])
+    self._keep = min(self._left, self.caps[self._index]) if fields[1] == b"ok" else 0
+    if self._keep < self._left:
+      self.cut.tests += 1
+      self.cut.bytes += self._left - self._keep
+    self._index += 1
+    return b" ".join(fields[:3] + [b"%d" % self._keep]) + b"\n"
+
+
+def output_caps(suite: TestSuite) -> list[int]:
+  """What the grader reads of each test's output (output_match's budgets), and _CUT_MARGIN more."""
+  budget = output_match.stdout_budget if suite.fn_name is None else output_match.returned_budget
+  return [budget(expected) + _CUT_MARGIN for expected in suite.outputs]
+
+
 def grade(suite: TestSuite, result: sandbox.RunResult, partial_credit: bool) -> tuple[float, bool]:
   """(reward, whether a test or the run timed out) from the harness's run; the work is bounded by the
   expected outputs' sizes (stdout_matches, returned_matches), however much the program printed."""
@@ -362,7 +428,8 @@ def score(record: Mapping | str, response: str, *, timeout_s: float = 6.0, parti
   suite, job = _job(record, response, settings)
   if job is None:
     return 0.0
-  return grade(suite, sandbox.run(job.source, job.stdin, job.limits, config), partial_credit)[0]
+  result = sandbox.run(job.source, job.stdin, job.limits, config, GraderHead(output_caps(suite)))
+  return grade(suite, result, partial_credit)[0]
 
 
 class CodeReward:
@@ -370,7 +437,8 @@ class CodeReward:
 
   num_failed counts records without usable tests and runs the sandbox could not start;
   num_timeout counts programs with a test (or the whole run) out of time. stats(): the pool's
-  throughput, for the trainer's log.
+  throughput, for the trainer's log; cut: the test outputs the sandbox handed back cut to what the
+  grader reads (output_caps), over all calls.
   """
 
   def __init__(self, num_workers: int = 2, timeout_s: float = 6.0, partial_credit: bool = False,
@@ -378,13 +446,14 @@ class CodeReward:
                total_output_bytes: int = 256 << 20, config: sandbox.SandboxConfig = sandbox.SandboxConfig()):
     self.settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes, output_bytes, total_output_bytes)
     self.pool = sandbox_pool.SandboxPool(num_workers, config=config)
+    self.cut = OutputsCut()  # test outputs cut to what the grader reads, over all calls
 
   def __call__(self, records: Sequence[Mapping | str], responses: Sequence[str]) -> base.RewardResult:
     if len(records) != len(responses):
       raise ValueError(f"{len(records)} records but {len(responses)} responses")
     rewards = np.zeros(len(records), np.float32)
     failed = timeouts = 0
-    pending: dict[cf.Future, tuple[int, TestSuite]] = {}
+    pending: dict[cf.Future, tuple[int, TestSuite, GraderHead]] = {}
     for i, (record, response) in enumerate(zip(records, responses)):
       try:
         suite, job = _job(record, response, self.settings)
@@ -393,9 +462,12 @@ class CodeReward:
         failed += 1
         continue
       if job is not None:
-        pending[self.pool.submit(job.source, job.stdin, job.limits)] = (i, suite)
+        head = GraderHead(output_caps(suite))
+        pending[self.pool.submit(job.source, job.stdin, job.limits, keep_stdout=head)] = (i, suite, head)
     for future in cf.as_completed(list(pending)):  # graded as each run ends, its output then dropped
-      (i, suite), result = pending.pop(future), future.result()
+      (i, suite, head), result = pending.pop(future), future.result()
+      self.cut.tests += head.cut.tests
+      self.cut.bytes += head.cut.bytes
       failed += result.reason == "sandbox_error"
       rewards[i], timed_out = grade(suite, result, self.settings.partial_credit)
       timeouts += timed_out

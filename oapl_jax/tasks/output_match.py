@@ -3,6 +3,7 @@ so its work is bounded by the expected output's size, however much the program p
 
   stdout_matches(got, expected)                      stdin/stdout tests: LiveCodeBench's line and Decimal rule
   returned_matches(payload, expected, unwrap_single) function-call tests: the JSON return value
+  stdout_budget, returned_budget                     the most of an output each reads (the sandbox hands back no more)
 """
 from __future__ import annotations
 
@@ -30,14 +31,29 @@ def _line_budget(line: str) -> int:
   return 2 * len(line.encode()) + _TOKEN_SLACK * len(line.split()) + _LINE_SLACK
 
 
+def _expected_lines(expected: str) -> list[str]:
+  return [line.strip() for line in expected.strip().split("\n")]
+
+
+def stdout_budget(expected: str) -> int:
+  """The most bytes of a program's output stdout_matches reads: a longer one fails unread."""
+  budgets = [_line_budget(w) for w in _expected_lines(expected)]
+  return sum(budgets) + len(budgets) + _OUTPUT_SLACK
+
+
+def returned_budget(expected: Any) -> int:
+  """The most bytes of a JSON return value returned_matches reads: a longer one fails unparsed."""
+  return 3 * len(json.dumps(expected)) + 64
+
+
 def stdout_matches(got: bytes | memoryview | str, expected: str) -> bool:
   """LiveCodeBench's rule: same number of stripped lines, each equal or equal as Decimal tokens. An output
   over its budget (above) fails unread, line counts are compared before any line is split, a line over its
   budget fails unparsed, and each line is parsed once."""
-  want_lines = [line.strip() for line in expected.strip().split("\n")]
-  budgets = [_line_budget(w) for w in want_lines]
-  if len(got) > sum(budgets) + len(budgets) + _OUTPUT_SLACK:
+  if len(got) > stdout_budget(expected):
     return False
+  want_lines = _expected_lines(expected)
+  budgets = [_line_budget(w) for w in want_lines]
   text = (got if isinstance(got, str) else bytes(got).decode("utf-8", errors="replace")).strip()
   if text.count("\n") + 1 != len(want_lines):
     return False
@@ -56,7 +72,7 @@ def stdout_matches(got: bytes | memoryview | str, expected: str) -> bool:
 def returned_matches(payload: bytes | memoryview, expected: Any, unwrap_single: bool) -> bool:
   """Whether the JSON return value `payload` matches `expected` (return_matches); a payload over three times
   the expected value's JSON and 64 bytes fails unparsed, as does one that is not JSON."""
-  if len(payload) > 3 * len(json.dumps(expected)) + 64:
+  if len(payload) > returned_budget(expected):
     return False
   try:
     return return_matches(json.loads(bytes(payload)), expected, unwrap_single)

@@ -60,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +165,12 @@ def _readonly_paths(config: SandboxConfig) -> list[str]:
   return paths
 
 
-def run_once(source: str, stdin: bytes, limits: Limits, config: SandboxConfig, isolation: str) -> RunResult:
+def run_once(source: str, stdin: bytes, limits: Limits, config: SandboxConfig, isolation: str,
+             keep_stdout: Callable[[bytes], bytes] | None = None) -> RunResult:
   """One run in the calling thread (the pool's workers call this). Never raises for what the
-  program does; a run the sandbox could not start ends with reason "sandbox_error"."""
+  program does; a run the sandbox could not start ends with reason "sandbox_error". keep_stdout:
+  what to keep of each chunk of stdout as it arrives (all of it by default); limits.stdout_bytes
+  counts what arrived."""
   start = time.monotonic()
   if not hasattr(_local, "slot"):
     _local.slot = next(_slots) % 1_000_000
@@ -201,7 +205,7 @@ def run_once(source: str, stdin: bytes, limits: Limits, config: SandboxConfig, i
         finally:
           os.close(status_w)
       try:
-        stdout, stderr, status_text, over, backstop = _collect(proc, status_r, limits, start)
+        stdout, stderr, status_text, over, backstop = _collect(proc, status_r, limits, start, keep_stdout)
         status = _parse_status(status_text)
       finally:
         _kill_all(proc, isolated)
@@ -230,10 +234,11 @@ def _force_remove(func, path, _):
     log.warning("sandbox: could not remove %s", path)
 
 
-def _collect(proc, status_fd, limits, start):
-  """Reads stdout (head), stderr (tail) and the launcher's status until the run ends, its stdout
-  overflows, or the backstop deadline passes. Returns (stdout, stderr, status, over, backstop)."""
-  out, err, status = bytearray(), bytearray(), bytearray()
+def _collect(proc, status_fd, limits, start, keep_stdout):
+  """Reads stdout (head, what keep_stdout keeps of it), stderr (tail) and the launcher's status until
+  the run ends, its stdout overflows, or the backstop deadline passes. Returns (stdout, stderr,
+  status, over, backstop)."""
+  out, err, status, received = bytearray(), bytearray(), bytearray(), 0
   bufs = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, status_fd: status}
   deadline = start + limits.wall_s + _BACKSTOP_S
   over = backstop = False
@@ -256,12 +261,15 @@ def _collect(proc, status_fd, limits, start):
           launcher_done = time.monotonic() if key.fd == status_fd else launcher_done
           continue
         buf = bufs[key.fd]
+        if buf is out:
+          received += len(chunk)
+          if received > limits.stdout_bytes:
+            chunk, over = chunk[:len(chunk) - (received - limits.stdout_bytes)], True
+          out += chunk if keep_stdout is None else keep_stdout(chunk)
+          continue
         buf += chunk
         if buf is err and len(err) > limits.stderr_bytes:
           del err[:len(err) - limits.stderr_bytes]
-        elif buf is out and len(out) > limits.stdout_bytes:
-          del out[limits.stdout_bytes:]
-          over = True
   return bytes(out), bytes(err), status.decode(errors="replace"), over, backstop
 
 
@@ -425,8 +433,8 @@ def _ancestors(path: str) -> list[str]:
   return ["/"] + ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-def run(source: str, stdin: bytes = b"", limits: Limits = Limits(),
-        config: SandboxConfig = SandboxConfig()) -> RunResult:
+def run(source: str, stdin: bytes = b"", limits: Limits = Limits(), config: SandboxConfig = SandboxConfig(),
+        keep_stdout: Callable[[bytes], bytes] | None = None) -> RunResult:
   """Runs one program in the sandbox (in this thread) and returns how it ended."""
   isolation, run_config = resolve_isolation(config)
-  return run_once(source, stdin, limits, run_config, isolation)
+  return run_once(source, stdin, limits, run_config, isolation, keep_stdout)

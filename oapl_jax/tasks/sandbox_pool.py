@@ -12,7 +12,7 @@ import concurrent.futures as cf
 import dataclasses
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from oapl_jax.tasks import sandbox
 
@@ -46,15 +46,16 @@ class SandboxPool:
     self._in_flight = self._runs = 0
     self._busy_s = self._busy_since = 0.0
 
-  def submit(self, source: str, stdin: bytes = b"", limits: sandbox.Limits | None = None) -> cf.Future:
-    """A future of the sandbox.RunResult of `source` run with `stdin`."""
+  def submit(self, source: str, stdin: bytes = b"", limits: sandbox.Limits | None = None,
+             keep_stdout: Callable[[bytes], bytes] | None = None) -> cf.Future:
+    """A future of the sandbox.RunResult of `source` run with `stdin` (keep_stdout: sandbox.run_once's)."""
     with self._lock:
       if self._in_flight == 0:
         self._busy_since = time.monotonic()
       self._in_flight += 1
     try:
       future = self._executor.submit(sandbox.run_once, source, stdin, limits or self.limits, self._run_config,
-                                     self.isolation)
+                                     self.isolation, keep_stdout)
     except BaseException:
       self._done(None, count=False)
       raise
