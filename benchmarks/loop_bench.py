@@ -19,10 +19,12 @@ mean pass@1 over the curve), and seed 0's run is one of the 3 seeds. A benchmark
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import time
 
 from benchmarks import loop_curves
 from benchmarks.tunix_bench import ROOT, tunix_python, worker_env
@@ -74,6 +76,18 @@ def run_dir(workdir: str, side: str, lr: float, seed: int) -> str:
   return os.path.join(workdir, side, f"lr{lr:g}_s{seed}")
 
 
+def cpu_seconds() -> tuple[float, float]:
+  """(busy seconds of the CPUs this process may run on, from /proc/stat; CPU seconds of its finished children):
+  over a run, busy minus the run's own is what other processes took of those CPUs."""
+  mine = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+  with open("/proc/stat") as f:
+    rows = [line.split() for line in f if line.split()[0] in mine]
+  ticks = os.sysconf("SC_CLK_TCK")
+  busy = sum(sum(map(int, r[1:])) - int(r[4]) - int(r[5]) for r in rows) / ticks  # all but idle and iowait
+  child = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return busy, child.ru_utime + child.ru_stime
+
+
 def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str) -> dict:
   """One run (skipped when its result.json exists); returns loop_curves.Result fields as a dict."""
   where = run_dir(workdir, side, lr, seed)
@@ -92,11 +106,15 @@ def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str) -> 
     cmd = [sys.executable, "-m", "oapl_jax.main", "--config", CONFIG, "--workdir", os.path.join(where, "run"),
            f"--config.model.checkpoint={warm}", f"--config.seed={seed}", f"--config.trainer.optim.lr={lr}",
            *COMMON, *SIDES[side]]
+  before, start = cpu_seconds(), time.perf_counter()
   with open(os.path.join(where, "log.txt"), "w") as log:
     if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=worker_env()).returncode:
       raise SystemExit(f"{side} lr {lr:g} seed {seed} failed; see {where}/log.txt")
+  (busy0, own0), (busy1, own1) = before, cpu_seconds()
   result = (loop_curves.from_tunix(os.path.join(where, "tunix.json")) if SIDES[side] is None
             else loop_curves.from_ours(os.path.join(where, "run")))
+  result["host"] = {"load_at_end": os.getloadavg(), "others_cpu_seconds": busy1 - busy0 - (own1 - own0),
+                    "own_cpu_seconds": own1 - own0, "process_seconds": time.perf_counter() - start}  # others': what other processes took of our CPUs meanwhile
   with open(result_path, "w") as f:
     json.dump(result, f, indent=1)
   return result

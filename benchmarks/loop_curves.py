@@ -90,18 +90,21 @@ def row(side: str, lr: float, results: Sequence[dict]) -> dict:
           "generated tok/s": med(lambda r: r["generated_tokens"] / r["run_seconds"]),
           "trained tok/s": med(lambda r: r["trained_tokens"] / r["run_seconds"]),
           "trainer waits": med(lambda r: r["trainer_wait_seconds"] / r["run_seconds"]),
-          "sampler waits": med(lambda r: r["sampler_wait_seconds"] / r["run_seconds"])}
+          "sampler waits": med(lambda r: r["sampler_wait_seconds"] / r["run_seconds"]),
+          "others_cpu": statistics.median([h["others_cpu_seconds"] / h["process_seconds"] for r in results
+                                            if (h := r.get("host"))] or [math.nan])}
 
 
 def markdown(rows: Sequence[dict]) -> str:
   secs = lambda t: "not reached" if t is None else f"{t:.0f}"  # noqa: E731
   lines = ["| side | lr | seeds | s to pass@1 0.8 | s to 0.9 | final pass@1 | run s | eval s (apart) | "
-           "generated tok/s | trained tok/s | trainer waits | sampler waits |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "generated tok/s | trained tok/s | trainer waits | sampler waits | others' CPU share |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     lines.append(f"| {r['side']} | {r['lr']:g} | {r['seeds']} | {secs(r['to 0.8'])} | {secs(r['to 0.9'])} | "
                  f"{r['final pass@1']:.3f} | {r['run s']:.0f} | {r['eval s']:.0f} | {r['generated tok/s']:.0f} | "
-                 f"{r['trained tok/s']:.0f} | {r['trainer waits']:.0%} | {r['sampler waits']:.0%} |")
+                 f"{r['trained tok/s']:.0f} | {r['trainer waits']:.0%} | {r['sampler waits']:.0%} | "
+                 f"{r['others_cpu']:.0%} |")
   return "\n".join(lines)
 
 

@@ -23,6 +23,9 @@ class _NoEvents:
   def write_scalars(self, step, scalars):
     pass
 
+  def write_texts(self, step, texts):
+    pass
+
   def flush(self):
     pass
 
@@ -74,15 +77,35 @@ class PhaseClock:
 
   Each thread ("trainer", "sampler") times disjoint stretches of its own time, never one inside another, so a
   thread's phases sum to at most the wall time since `start()`; what no phase covers is its "other" row.
+  Between `start()` and `stop()` JAX's compile events (tracing, lowering, XLA) are summed per thread too: a part of
+  the phases they fall in, shown apart.
   """
+  COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                    "/jax/core/compile/backend_compile_duration")
 
   def __init__(self):
     self._lock = threading.Lock()
     self._seconds: dict[tuple[str, str], float] = {}
+    self._compile: dict[str, float] = {}
+    self._thread_names: dict[int, str] = {}  # thread ident -> the name its timed() calls gave
     self._start = time.perf_counter()
 
   def start(self) -> None:
     self._start = time.perf_counter()
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+  def stop(self) -> None:
+    jax.monitoring.unregister_event_duration_listener(self._on_event)
+
+  def _on_event(self, event: str, seconds: float, **_) -> None:
+    if event in self.COMPILE_EVENTS:
+      thread = self._thread_names.get(threading.get_ident(), "trainer")
+      with self._lock:
+        self._compile[thread] = self._compile.get(thread, 0.0) + seconds
+
+  def compile_seconds(self) -> dict[str, float]:
+    with self._lock:
+      return dict(self._compile)
 
   def elapsed(self) -> float:
     return time.perf_counter() - self._start
@@ -93,6 +116,7 @@ class PhaseClock:
 
   @contextlib.contextmanager
   def timed(self, thread: str, phase: str):
+    self._thread_names[threading.get_ident()] = thread
     start = time.perf_counter()
     try:
       yield
@@ -123,7 +147,8 @@ class PhaseClock:
       lines += [f"| {thread} thread | seconds | share of wall |", "|---|---:|---:|"]
       rows = sorted(phases.items(), key=lambda kv: -kv[1]) + [("other", wall - sum(phases.values()))]
       lines += [f"| {phase} | {s:.2f} | {s / max(wall, 1e-9):.1%} |" for phase, s in rows]
-      lines.append("")
+      compiling = self.compile_seconds().get(thread, 0.0)
+      lines += [f"| (compiling: part of the rows above) | {compiling:.2f} | {compiling / max(wall, 1e-9):.1%} |", ""]
     return "\n".join(lines)
 
 
@@ -153,6 +178,7 @@ class Reporter:
     self._bar = None
     self.latest: dict[str, float] = {}  # the newest value of every metric
     self.phases = PhaseClock()  # the loop's time per thread and phase (loop.train starts it)
+    self._writer_lock = threading.Lock()
 
   def resume_from(self, step: int) -> None:
     """A resumed run re-runs steps >= `step`: drop them from metrics.jsonl and rebuild TensorBoard's
@@ -190,10 +216,16 @@ class Reporter:
       self._set_aside_earlier_attempt()
     metrics = {k: float(v) for k, v in metrics.items()}
     self.latest.update(metrics)
-    self.writer.write_scalars(step, metrics)
+    with self._writer_lock:
+      self.writer.write_scalars(step, metrics)
     if self.is_main:
       with open(self.history_path, "a") as f:
         f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+  def texts(self, step: int, texts: Mapping[str, str]) -> None:
+    """Markdown to TensorBoard's text panel (e.g. a table of an eval's generations: oapl_jax/generations.py)."""
+    with self._writer_lock:  # the sampler's snapshot evals write from the rollout worker's thread
+      self.writer.write_texts(step, dict(texts))
 
   def tick(self, step: int, window_end: int) -> None:
     """Progress within a window: a tqdm bar on a terminal or in a notebook; nothing in a pipe or a file (the
@@ -239,7 +271,8 @@ class Reporter:
     wall, loop_wall = time.perf_counter() - self._start, self.phases.elapsed()
     with open(os.path.join(self.workdir, "summary.json"), "w") as f:
       json.dump({**summary, "wall_seconds": round(wall, 1), "loop_seconds": loop_wall,
-                 "phase_seconds": self.phases.phases()}, f, indent=2, default=float)
+                 "phase_seconds": self.phases.phases(), "compile_seconds": self.phases.compile_seconds()}, f,
+                indent=2, default=float)
     with open(paths["summary"], "w") as f:
       f.write(f"# {title}\n\n")
       for key, value in summary.items():

@@ -84,7 +84,7 @@ class _Position:
 
 
 def _evaluate(run: RunParts, step: int) -> dict:
-  out = run.evaluate(run.sampler.params)
+  out = run.evaluate(run.sampler.params, step=step)
   logging.info("eval at step %d: %s", step, {k: round(v, 4) for k, v in out.items() if "pass@" in k})
   return out
 
@@ -137,6 +137,7 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
     stopped = stop.signal_name and (at.step0 < run.settings.total_steps or "final_eval" in summary)
     return {**summary, **({"stopped_by": stop.signal_name} if stopped else {})}
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
+    run.reporter.phases.stop()
     stop.uninstall()
     worker.stop()
     run.buffer.close()
@@ -154,7 +155,8 @@ def _worker(run: Online, inline: Optional[bool]) -> RolloutWorker:
                        group_size=run.settings.group_size, seed=run.settings.seed,
                        eval_fn=lambda step: _evaluate(run, step), monitors=run.monitor.config,
                        inline=rollouts_inline(run.sampler.layout) if inline is None else inline,
-                       lookahead=run.windows.lookahead, demo_mixer=run.demo_mixer, phases=run.reporter.phases)
+                       lookahead=run.windows.lookahead, demo_mixer=run.demo_mixer, phases=run.reporter.phases,
+                       save_rollouts=run.save_rollouts)
 
 
 def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
