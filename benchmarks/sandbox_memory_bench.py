@@ -39,7 +39,8 @@ def main() -> None:
   if args.uncapped:
     code_reward.GraderHead.__call__ = lambda self, chunk: chunk  # keeps everything, cuts nothing
   record = {"tests": [{"input": f"{i}\n", "output": "3\n", "testtype": "stdin"} for i in range(args.tests)]}
-  hostile = f"```python\nimport sys\nline = b'1 ' * (1 << 19)\nfor _ in range({args.print_mib}):\n  sys.stdout.buffer.write(line)\n```"
+  hostile = (f"```python\nimport sys\nline = b'1 ' * (1 << 19)\nfor _ in range({args.print_mib}):\n"
+             "  sys.stdout.buffer.write(line)\n```")
   reward = code_reward.CodeReward(num_workers=args.workers, timeout_s=args.timeout_s,
                                   partial_credit=args.partial_credit)
   try:

@@ -416,7 +416,8 @@ def test_the_sandbox_hands_back_a_flood_cut_to_the_graders_budget():
   [cap, _] = code_reward.output_caps(suite)
   assert cap == output_match.stdout_budget("3") + 64
   flood = fenced("import sys\nsys.stdout.write('3' * (4 << 20))")  # 4 MiB a test, each run exits 0
-  _, job = code_reward._job(record, flood, code_reward.Settings(partial_credit=True))  # pylint: disable=protected-access
+  settings = code_reward.Settings(partial_credit=True)
+  _, job = code_reward._job(record, flood, settings)  # pylint: disable=protected-access
   head = code_reward.GraderHead(code_reward.output_caps(suite))
   result = sandbox.run(job.source, job.stdin, job.limits, keep_stdout=head)
   assert result.ok and len(result.stdout) < 2 * (cap + 64)  # was 8 MiB

@@ -290,9 +290,10 @@ HARNESS_SOURCE = "import os\n" + "\n".join(inspect.getsource(f) for f in (
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """output_bytes: the most stdout (or JSON return value) one test may produce, more fails it;
-  total_output_bytes: the most one program's run may send back for all its tests, more fails the tests
-  not yet sent (the grader keeps of each test only what it reads: GraderHead). Both fixed: a cap derived from the expected
-  outputs would tell the program their sizes."""
+  total_output_bytes: the most one program's run may send back for all its tests, more fails the tests not yet
+  sent (the grader keeps of each test only what it reads: GraderHead). Both fixed: a cap derived from the
+  expected outputs would tell the program their sizes.
+  """
   timeout_s: float = 6.0  # per test
   partial_credit: bool = False
   max_tests: int | None = None

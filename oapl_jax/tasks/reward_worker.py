@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 KEEP_LINES, KEEP_BYTES = 20, 4096  # of each item's output, and of the whole run's in the trainer's log
-_END_WAIT_S = 2.0  # how long an item waits for its output to drain (fds 1 and 2 taken from the pipe: not at all)
+_END_WAIT_S = 2.0  # the most an item waits for its output to drain
 
 
 def as_reward(value) -> float:
@@ -202,19 +202,25 @@ class _Capture:
 
 _capture: _Capture | None = None
 _items = 0  # items this worker ran
-_memory_mb = 0
-_memory_limited = False
 
 
-def contain(memory_mb: int) -> None:
-  """The pool's initializer, in each worker: its own session, a subreaper, output captured, a watchdog."""
-  global _capture, _memory_mb
+def contain(memory_mb: int, warmup: Callable[[], object] | None = None) -> None:
+  """The pool's initializer, in each worker: its own session, a subreaper, output captured, a watchdog;
+  then warmup() and the memory limit. A warmup that raises is left to the pool's first task (rewards._ready)
+  to report, with its traceback."""
+  global _capture
   os.setsid()
   import ctypes  # pylint: disable=import-outside-toplevel
   ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come here, not to PID 1
   _capture = _Capture()
-  _memory_mb = memory_mb
   threading.Thread(target=_watch_parent, args=(os.getppid(),), name="reward-watchdog", daemon=True).start()
+  try:
+    if warmup is not None:
+      warmup()
+  except BaseException:  # pylint: disable=broad-except
+    pass
+  if memory_mb:
+    _limit_memory(memory_mb)
 
 
 def _watch_parent(parent: int) -> None:
@@ -224,22 +230,17 @@ def _watch_parent(parent: int) -> None:
   os._exit(1)
 
 
-def limit_memory() -> None:
-  """Once per worker, after its imports and warm-up: RLIMIT_AS = the address space now + memory_mb."""
-  global _memory_limited
-  if _memory_limited or not _memory_mb:
-    return
+def _limit_memory(memory_mb: int) -> None:
+  """RLIMIT_AS = the address space now (after the imports and warm-up) + memory_mb."""
   with open("/proc/self/status", encoding="ascii") as f:
     size_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
   hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-  resource.setrlimit(resource.RLIMIT_AS, ((size_kb << 10) + (_memory_mb << 20), hard))
-  _memory_limited = True
+  resource.setrlimit(resource.RLIMIT_AS, ((size_kb << 10) + (memory_mb << 20), hard))
 
 
 def run_item(fn: Callable[..., Any], *args) -> Outcome:
   """fn(*args) as a reward, in a contained worker: never raises for what fn does."""
   global _items
-  limit_memory()
   value, error, trace, oom = 0.0, "", "", False
   try:
     value = as_reward(fn(*args))

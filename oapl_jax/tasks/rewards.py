@@ -125,12 +125,11 @@ class Guarded:
 
 
 def _ready(score_fn: ScoreFn, warmup: Callable[[], object] | None) -> None:
-  """Run once per fresh worker: unpickling score_fn imports its module there; warmup imports the rest; then
-  the memory limit is set (reward_worker.limit_memory)."""
+  """Run once per fresh worker: unpickling score_fn imports its module there; warmup (which the worker ran
+  already, reward_worker.contain) raises here, with its traceback, if it failed."""
   del score_fn
   if warmup is not None:
     warmup()
-  reward_worker.limit_memory()
 
 
 def _remote_traceback(e: BaseException) -> str:
@@ -187,7 +186,7 @@ class WorkerReward:
 
   def _start(self) -> cf.ProcessPoolExecutor:
     self._pool = cf.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context(self.mp_context),
-                                        initializer=reward_worker.contain, initargs=(self.memory_mb,))
+                                        initializer=reward_worker.contain, initargs=(self.memory_mb, self.warmup))
     # Workers spawn on submit; start all now so start-up is not billed to item timeouts.
     for f in [self._pool.submit(_ready, self.score_fn, self.warmup) for _ in range(self.num_workers)]:
       f.result(timeout=self.startup_timeout_s)
