@@ -114,7 +114,8 @@ def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str) -> 
   result = (loop_curves.from_tunix(os.path.join(where, "tunix.json")) if SIDES[side] is None
             else loop_curves.from_ours(os.path.join(where, "run")))
   result["host"] = {"load_at_end": os.getloadavg(), "others_cpu_seconds": busy1 - busy0 - (own1 - own0),
-                    "own_cpu_seconds": own1 - own0, "process_seconds": time.perf_counter() - start}  # others': what other processes took of our CPUs meanwhile
+                    "own_cpu_seconds": own1 - own0, "process_seconds": time.perf_counter() - start,
+                    "cpus": sorted(os.sched_getaffinity(0))}  # others': what other processes took of our CPUs meanwhile
   with open(result_path, "w") as f:
     json.dump(result, f, indent=1)
   return result
@@ -126,11 +127,15 @@ def picked_lr(workdir: str, side: str) -> float | None:
 
 
 def _load(where: str) -> dict | None:
+  """A finished run's result, derived again from its files (so a fix in loop_curves reaches old runs)."""
   path = os.path.join(where, "result.json")
   if not os.path.exists(path):
     return None
   with open(path) as f:
-    return json.load(f)
+    host = json.load(f).get("host", {})
+  tunix = os.path.join(where, "tunix.json")
+  result = loop_curves.from_tunix(tunix) if os.path.exists(tunix) else loop_curves.from_ours(os.path.join(where, "run"))
+  return {**result, "host": host}
 
 
 def report(workdir: str, out: str) -> str:
@@ -148,8 +153,9 @@ def report(workdir: str, out: str) -> str:
   png = os.path.join(out, "loop_bench.png")
   loop_curves.plot(curves, png)
   load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-  text = "\n".join([f"cpu: {ceiling.cpu_description()}; load average {load} at the report; runs pinned to CPUs "
-                    f"{sorted(os.sched_getaffinity(0))} when made (see each log)", "",
+  cpus = sorted({str(r["host"]["cpus"]) for rs in curves.values() for r in rs if "cpus" in r.get("host", {})})
+  text = "\n".join([f"cpu: {ceiling.cpu_description()}; load average {load} at the report; the runs' CPUs "
+                    f"(taskset): {', '.join(cpus) or 'not recorded'}", "",
                     loop_curves.markdown(rows), "", f"curves: {png}", ""])
   with open(os.path.join(out, "loop_bench.md"), "w") as f:
     f.write(text)

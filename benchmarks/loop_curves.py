@@ -63,7 +63,9 @@ def from_ours(workdir: str) -> dict:
           "generated_tokens": sum(h["rollout/generations"] * h["rollout/response_length"] for h in rollouts),
           "trained_tokens": sum(h["train/tokens"] for h in history if "train/tokens" in h),
           "trainer_wait_seconds": phases["trainer"].get("waiting for samples", 0.0),
-          "sampler_wait_seconds": phases.get("sampler", {}).get("waiting for the trainer", 0.0), "phases": phases}
+          "sampler_wait_seconds": max(0.0, phases.get("sampler", {}).get("waiting for the trainer", 0.0)
+                                      - phases["trainer"].get("eval", 0.0)),  # not while the trainer evaluates
+          "phases": phases}
 
 
 def from_tunix(path: str) -> dict:
@@ -97,6 +99,7 @@ def row(side: str, lr: float, results: Sequence[dict]) -> dict:
 
 def markdown(rows: Sequence[dict]) -> str:
   secs = lambda t: "not reached" if t is None else f"{t:.0f}"  # noqa: E731
+  share = lambda x: "n/a" if math.isnan(x) else f"{x:.0%}"  # noqa: E731
   lines = ["| side | lr | seeds | s to pass@1 0.8 | s to 0.9 | final pass@1 | run s | eval s (apart) | "
            "generated tok/s | trained tok/s | trainer waits | sampler waits | others' CPU share |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -104,7 +107,7 @@ def markdown(rows: Sequence[dict]) -> str:
     lines.append(f"| {r['side']} | {r['lr']:g} | {r['seeds']} | {secs(r['to 0.8'])} | {secs(r['to 0.9'])} | "
                  f"{r['final pass@1']:.3f} | {r['run s']:.0f} | {r['eval s']:.0f} | {r['generated tok/s']:.0f} | "
                  f"{r['trained tok/s']:.0f} | {r['trainer waits']:.0%} | {r['sampler waits']:.0%} | "
-                 f"{r['others_cpu']:.0%} |")
+                 f"{share(r['others_cpu'])} |")
   return "\n".join(lines)
 
 

@@ -97,6 +97,10 @@ def main(argv=None):
     data = json.load(f)
   learner, mesh, Mode = build(args, data)
   cluster, clock, curve = learner.rl_cluster, Clock(), []
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.monitoring.register_event_duration_secs_listener(  # as our PhaseClock counts it: part of the phases
+      lambda event, seconds, **_: clock.add("compiling (part of the phases)", seconds)
+      if event.startswith("/jax/core/compile/") and event.endswith("_duration") else None)
   counts = {"generations": 0, "generated": 0, "trained": 0}
   generate = cluster.generate
   held = data["held_out"]
