@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from oapl_jax import sections
+from oapl_jax import generations, sections
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingFields, SamplingSettings
 
@@ -18,13 +18,15 @@ class EvalConfig(SamplingFields):
   """The `eval` section: the first num_prompts of each of the task's eval sets, `samples` per prompt,
   pass@k for each k in ks, at these sampling settings (sampler/settings.SamplingFields; the paper's eval
   differs in T 0.6 and top-p 0.95). every_steps = N > 0 also scores the trainer's current policy every N
-  trainer steps, whatever the lag (rl/policy_eval.py)."""
+  trainer steps, whatever the lag (rl/policy_eval.py). save_prompts = N keeps the generations of the first N
+  prompts of each set (all their samples) and of each window's rollouts on disk (oapl_jax/generations.py; 0: none)."""
   temperature: float = sections.rule(0.6, low=0)
   top_p: float = sections.rule(0.95, low=0, high=1, low_open=True)
   num_prompts: int = sections.rule(1_000_000, low=1)
   samples: int = sections.rule(10, low=1)
   ks: tuple[int, ...] = sections.rule((1, 5, 10), low=1, nonempty=True)
   every_steps: int = sections.rule(0, low=0)
+  save_prompts: int = sections.rule(8, low=0)
 
   def __post_init__(self):
     super().__post_init__()
@@ -71,10 +73,13 @@ def pass_at_k_mean(correct_counts_P: Sequence[int] | np.ndarray, n: int,
 
 
 def evaluate_sets(sampler, params, task, eval_sets: Mapping[str, Sequence], config: EvalConfig,
-                  settings: SamplingSettings, seed: int) -> dict[str, dict[str, float]]:
-  """`evaluate` on the first config.num_prompts of each named set: {set name: metrics}."""
-  return {name: evaluate(sampler, params, task, problems[:config.num_prompts], samples=config.samples, ks=config.ks,
-                         settings=settings, seed=seed) for name, problems in eval_sets.items()}
+                  settings: SamplingSettings, seed: int) -> tuple[dict[str, dict[str, float]], dict[str, list[dict]]]:
+  """`evaluate_saved` on the first config.num_prompts of each named set: ({set name: metrics}, {set name: the
+  generations of its first config.save_prompts prompts})."""
+  out = {name: evaluate_saved(sampler, params, task, problems[:config.num_prompts], samples=config.samples,
+                              ks=config.ks, settings=settings, seed=seed, save_prompts=config.save_prompts)
+         for name, problems in eval_sets.items()}
+  return {name: metrics for name, (metrics, _) in out.items()}, {name: saved for name, (_, saved) in out.items()}
 
 
 def evaluate(sampler, params, task, problems: Sequence, *, samples: int, ks: Sequence[int],
@@ -84,6 +89,12 @@ def evaluate(sampler, params, task, problems: Sequence, *, samples: int, ks: Seq
   Also the mean response length, the mean sequence entropy estimate E[-log p(y|x)] (from the
   sampler's own log-probs of what it drew) and the fraction cut off at max_new_tokens.
   """
+  return evaluate_saved(sampler, params, task, problems, samples=samples, ks=ks, settings=settings, seed=seed)[0]
+
+
+def evaluate_saved(sampler, params, task, problems: Sequence, *, samples: int, ks: Sequence[int],
+                   settings: SamplingSettings, seed: int, save_prompts: int = 0) -> tuple[dict[str, float], list[dict]]:
+  """`evaluate`'s metrics and the generations of the first `save_prompts` problems (generations.records)."""
   groups = rollout.generate_groups(sampler, params, [p.prompt_tokens for p in problems], samples, settings, seed=seed)
   rewards_PxG, result = task.score_groups(problems, groups.response_tokens, groups.lengths)
   correct_P = (rewards_PxG > 0.5).sum(axis=-1)
@@ -95,4 +106,4 @@ def evaluate(sampler, params, task, problems: Sequence, *, samples: int, ks: Seq
       "truncated_fraction": float((groups.finish_reason == core.FINISH_LENGTH).mean()),
       "reward_failures": float(result.num_failed + result.num_timeout),
   })
-  return metrics
+  return metrics, generations.records(task, problems, groups, rewards_PxG, save_prompts)

@@ -35,7 +35,7 @@ from ml_collections import ConfigDict
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"
 # May differ between the first start and a resume without counting as a change of experiment.
-RESUME_IGNORED: frozenset = frozenset()
+RESUME_IGNORED: frozenset = frozenset({"eval.save_prompts"})  # how many generations are kept on disk
 _ABSENT = "<absent>"
 
 

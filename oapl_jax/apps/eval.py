@@ -4,10 +4,12 @@
   oapl-eval runs/demo --step 40 --samples 16 --ks 1,4,16 --num_prompts 100
   oapl-eval /tmp/demo_hf --config configs/arithmetic.py # an export (or any HF Qwen or Llama directory)
   oapl-eval /ckpt/Qwen3-4B --config configs/math.py --sets aime25=data/aime25.jsonl hmmt=data/hmmt25.parquet
+  oapl-eval runs/demo --show 3                          # and print 3 generations of each set
 
 The config says the task (prompts, tokenizer, reward) and the eval sampling (cfg.eval); flags override
 the latter. --sets replaces the task's eval sets by NAME=PATH pairs (task.eval_paths: JSONL, Parquet or
-tfds:NAME/SPLIT). Writes eval.json and eval.md into --out (default RUN_DIR/eval/step_N, HF_DIR/eval).
+tfds:NAME/SPLIT). Writes eval.json and eval.md into --out (default RUN_DIR/eval/step_N, HF_DIR/eval), and the
+generations of each set's first eval.save_prompts prompts as <set>.jsonl beside them (oapl_jax/generations.py).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from oapl_jax.apps import cli
 
 cli.prepare_host()
 
-from oapl_jax import checkpoint_files, evaluation  # noqa: E402
+from oapl_jax import checkpoint_files, evaluation, generations  # noqa: E402
 from oapl_jax.run import assemble, policy, schema  # noqa: E402
 
 
@@ -59,7 +61,8 @@ def with_sets(rc: schema.RunConfig, sets: dict[str, str]) -> schema.RunConfig:
 
 def evaluate_source(source: str, *, cfg=None, step: int | None = None,
                     sets: dict[str, str] | None = None, samples: int | None = None, ks: Sequence[int] | None = None,
-                    num_prompts: int | None = None, seed: int | None = None, **sampling) -> dict:
+                    num_prompts: int | None = None, seed: int | None = None, save_prompts: int | None = None,
+                    **sampling) -> dict:
   """pass@k (and the other evaluation.evaluate metrics) on every eval set; returns the report dict.
   cfg: the --config (a ConfigDict or RunConfig; a run directory's own when None; an HF directory needs it).
   `sampling`: overrides of the eval SamplingSettings (temperature, top_p, top_k, max_new_tokens)."""
@@ -71,8 +74,9 @@ def evaluate_source(source: str, *, cfg=None, step: int | None = None,
   rc = weights.config
   samples = samples or rc.eval.samples
   ks = tuple(k for k in (ks or rc.eval.ks) if k <= samples)  # those that `samples` allows
-  rc = dataclasses.replace(rc, eval=dataclasses.replace(rc.eval, samples=samples, ks=ks,
-                                                        num_prompts=num_prompts or rc.eval.num_prompts))
+  rc = dataclasses.replace(rc, eval=dataclasses.replace(
+      rc.eval, samples=samples, ks=ks, num_prompts=num_prompts or rc.eval.num_prompts,
+      save_prompts=rc.eval.save_prompts if save_prompts is None else save_prompts))
   task = assemble.build_task(rc)
   try:
     _, settings = assemble.sampling(rc, task)
@@ -87,23 +91,28 @@ def evaluate_source(source: str, *, cfg=None, step: int | None = None,
     weights.load_into(sampler)
     if kind == "run":
       report.update(step=weights.step, syncs_done=weights.meta.syncs_done)
-    report["sets"] = {}
+    report["sets"], report["generations"] = {}, {}
     for name, problems in task.eval_sets.items():
       start = time.perf_counter()
-      (metrics,) = evaluation.evaluate_sets(sampler, sampler.params, task, {name: problems}, rc.eval, settings,
-                                            seed).values()
-      report["sets"][name] = {"prompts": len(problems[:rc.eval.num_prompts]), **metrics,
+      per_set, saved = evaluation.evaluate_sets(sampler, sampler.params, task, {name: problems}, rc.eval, settings,
+                                                seed)
+      report["sets"][name] = {"prompts": len(problems[:rc.eval.num_prompts]), **per_set[name],
                               "seconds": round(time.perf_counter() - start, 2)}
+      report["generations"][name] = saved[name]
     return report
   finally:
     task.close()
 
 
 def write_report(report: dict, out_dir: str) -> dict[str, str]:
+  """eval.json, eval.md and each set's generations (<set>.jsonl; eval.json names the files)."""
   os.makedirs(out_dir, exist_ok=True)
   paths = {"json": os.path.join(out_dir, "eval.json"), "markdown": os.path.join(out_dir, "eval.md")}
+  saved = {name: rows for name, rows in report.get("generations", {}).items() if rows}
+  for name, rows in saved.items():
+    generations.write(os.path.join(out_dir, f"{name}.jsonl"), rows)
   with open(paths["json"], "w") as f:
-    json.dump(report, f, indent=2, default=str)
+    json.dump({**report, "generations": {name: f"{name}.jsonl" for name in saved}}, f, indent=2, default=str)
   metrics = list(dict.fromkeys(k for values in report["sets"].values() for k in values))
   where = f"step {report['step']} of run" if report["kind"] == "run" else "Hugging Face directory"
   s = report["settings"]
@@ -113,6 +122,9 @@ def write_report(report: dict, out_dir: str) -> dict[str, str]:
            "| set | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
   for name, values in report["sets"].items():
     lines.append(f"| {name} | " + " | ".join(_cell(values.get(m)) for m in metrics) + " |")
+  for name, rows in saved.items():
+    lines += ["", f"## Generations: {name} (the first {generations.TABLE_ROWS} of {len(rows)} in [{name}.jsonl]"
+              f"({name}.jsonl))", "", generations.table(rows)]
   with open(paths["markdown"], "w") as f:
     f.write("\n".join(lines) + "\n")
   return paths
@@ -120,6 +132,15 @@ def write_report(report: dict, out_dir: str) -> dict[str, str]:
 
 def _cell(value) -> str:
   return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _show(saved: dict[str, list[dict]], n: int) -> None:
+  """--show N: N generations of each set, as text."""
+  if n <= 0:
+    return
+  for name, rows in saved.items():
+    print(f"\n--- {name}: {min(n, len(rows))} of {len(rows)} kept generations ---")
+    print(generations.show(rows, n) if rows else "none kept (eval.save_prompts=0; pass --save_prompts N)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,10 +158,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--top_k", type=int)
   p.add_argument("--max_new_tokens", type=int)
   p.add_argument("--out", help="report directory (default RUN_DIR/eval/step_N or HF_DIR/eval)")
+  p.add_argument("--show", type=int, default=0, metavar="N", help="print N generations of each set")
+  p.add_argument("--save_prompts", type=int,
+                 help="generations kept: the first N prompts of each set, all their samples (default "
+                      "cfg.eval.save_prompts; 0: none)")
   args, cfg = cli.parse(p, argv)
   ks = tuple(int(k) for k in args.ks.split(",")) if args.ks else None
   report = evaluate_source(args.source, cfg=cfg, step=args.step, sets=_parse_sets(args.sets),
                            samples=args.samples, ks=ks, num_prompts=args.num_prompts, seed=args.seed,
+                           save_prompts=args.save_prompts,
                            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                            max_new_tokens=args.max_new_tokens)
   where = [f"step_{report['step']}"] if report["kind"] == "run" else []
@@ -150,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passes = ", ".join(f"{k}={v:.4f}" for k, v in values.items() if k.startswith("pass@"))
     print(f"{name} ({values['prompts']} prompts x {report['samples']} samples): {passes}")
   print(f"report: {paths['json']}  {paths['markdown']}")
+  _show(report["generations"], args.show)
   return 0
 
 

@@ -144,7 +144,8 @@ def policy_snapshot(run: Offline, version: int) -> None:
 
 def evaluate_policy(run: Offline) -> dict[str, float]:
   """pass@k (evaluation.evaluate) of the sampler's snapshot on every eval set, at the eval settings."""
-  step, out = run.checkpointer.latest_step(), run.evaluate(run.sampler.params)
+  step = run.checkpointer.latest_step()
+  out = run.evaluate(run.sampler.params, step=step)
   run.reporter.scalars(step, out)
   logging.info("eval of the policy at step %d: %s", step, {k: round(v, 4) for k, v in out.items() if "pass@" in k})
   return out

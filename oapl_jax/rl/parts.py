@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import numpy as np
 
 from oapl_jax import checkpoint_files, checkpoints, parallel, reporting
 from oapl_jax.models.api import CausalLM
@@ -22,7 +24,11 @@ from oapl_jax.sampler import core
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks.base import Task
 
-Evaluate = Callable[[Params], dict[str, float]]  # params -> {'eval/<set>/<metric>': value} over the eval sets
+# (params, step=None, prefix='') -> {'eval/<set>/<metric>': value} over the eval sets; with a step, the generations
+# go to evals/<step>/<prefix><set>.jsonl (oapl_jax/generations.py)
+Evaluate = Callable[..., dict[str, float]]
+# (window, problems, groups, rewards_PxG): a window's first rollouts to rollouts/window_<k>.jsonl
+SaveRollouts = Callable[[int, Sequence, Any, np.ndarray], None]
 PolicyParams = Callable[[TrainState], Params]  # state -> the model's full params (LoRA: the base with adapters)
 
 
@@ -47,6 +53,7 @@ class RunParts:
   monitor: HealthMonitor
   evaluate: Evaluate
   policy_eval: Optional[PolicyEval] = None  # the trainer's current policy every eval.every_steps steps
+  save_rollouts: Optional[SaveRollouts] = None  # None: eval.save_prompts = 0
   lock: Optional[Releasable] = None  # run_dir.RunLock on the workdir (process 0), released when the run ends
 
   def release(self) -> None:

@@ -33,7 +33,7 @@ PREFIX = "policy_eval/"
 class PolicyEval:
   """probe(params) -> {'policy_eval/<set>/<metric>': value}; `due(step)` says where the grid falls."""
 
-  def __init__(self, every_steps: int, evaluate: Callable[[object], dict], sampler: core.Sampler, model: CausalLM,
+  def __init__(self, every_steps: int, evaluate: Callable[..., dict], sampler: core.Sampler, model: CausalLM,
                eval_sets: Mapping[str, Sequence], probe_settings: SamplingSettings, seed: int, seq_len: int):
     self.every_steps, self.evaluate, self.sampler, self.model = every_steps, evaluate, sampler, model
     self.eval_sets, self.probe_settings, self.seed, self.seq_len = eval_sets, probe_settings, seed, seq_len
@@ -43,9 +43,10 @@ class PolicyEval:
   def due(self, step: int) -> bool:
     return step % self.every_steps == 0
 
-  def __call__(self, params) -> dict[str, float]:
+  def __call__(self, params, step=None) -> dict[str, float]:
+    """With a `step`, the eval's generations are saved as evals/<step>/policy_<set>.jsonl."""
     snapshot = self.sampler.prepare(params)  # a decode-layout copy on the sampler's devices
-    out = {PREFIX + k[len("eval/"):]: v for k, v in self.evaluate(snapshot).items()}
+    out = {PREFIX + k[len("eval/"):]: v for k, v in self.evaluate(snapshot, step=step, prefix="policy_").items()}
     for name, problems in self.eval_sets.items():
       out[f"{PREFIX}{name}/token_entropy"] = self.token_entropy(params, snapshot, problems)
     return out
@@ -68,6 +69,6 @@ def log(step: int, metrics: Mapping[str, float]) -> None:
 
 def report(probe: PolicyEval, reporter: reporting.Reporter, step: int, params) -> None:
   """The trainer's current policy (`params`) on the eval sets, logged and reported at `step`."""
-  metrics = probe(params)
+  metrics = probe(params, step)
   log(step, metrics)
   reporter.scalars(step, metrics)

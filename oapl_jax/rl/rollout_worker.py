@@ -49,7 +49,8 @@ class RolloutWorker(threading.Thread):
   def __init__(self, sampler: core.Sampler, task: Task, buffer: RolloutBuffer, schedule: WindowSchedule,
                settings: SamplingSettings, *, group_size: int, seed: int, eval_fn: Callable[[int], dict],
                monitors: MonitorConfig = MonitorConfig(), inline: bool = False, lookahead: Optional[int] = None,
-               demo_mixer: Optional[DemoMixer] = None, phases: Optional[PhaseClock] = None):
+               demo_mixer: Optional[DemoMixer] = None, phases: Optional[PhaseClock] = None,
+               save_rollouts: Optional[Callable] = None):
     super().__init__(name="oapl-rollout-worker", daemon=True)
     self.sampler, self.task, self.buffer, self.schedule, self.settings = sampler, task, buffer, schedule, settings
     self.group_size, self.seed, self.eval_fn, self.monitors = group_size, seed, eval_fn, monitors
@@ -61,6 +62,7 @@ class RolloutWorker(threading.Thread):
     self.lookahead, self._visible = lookahead, threading.Condition()
     self.demo_mixer = demo_mixer  # loop.demo_fraction: demonstrations replace samples before scoring
     self.phases = phases or PhaseClock()  # this thread's time per phase (summary.md)
+    self.save_rollouts = save_rollouts  # (window, problems, groups, rewards_PxG) of each window's first chunk
     self._chunks_visible = 0
     self._done = threading.Event()
     self._done.set()
@@ -185,6 +187,8 @@ class RolloutWorker(threading.Thread):
       rewards_PxG, result = self.task.score_groups(problems, groups.response_tokens, groups.lengths)
     check_reward_failures(result.num_failed + result.num_timeout, rewards_PxG.size, self.monitors,
                           f"rewards of window {w.index}, chunk {chunk}")
+    if chunk == 0 and self.save_rollouts is not None:
+      self.save_rollouts(w.index, problems, groups, rewards_PxG)
     if groups.snapshot_version != w.version:
       raise RuntimeError(f"sampler is at version {groups.snapshot_version}, window expects {w.version}")
     with self._timed("packing: groups into the buffer"):

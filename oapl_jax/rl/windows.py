@@ -131,7 +131,7 @@ class PolicyProbe:
       policy_eval.report(self.probe, self.reporter, step, self.policy_params(state))
 
   def final(self, step: int, state: TrainState) -> Callable[[], None]:
-    metrics = self.probe(self.policy_params(state))
+    metrics = self.probe(self.policy_params(state), step)
 
     def record() -> None:
       policy_eval.log(step, metrics)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from oapl_jax import checkpoint_files, checkpoints, evaluation, objectives, parallel, reporting, run_dir
+from oapl_jax import checkpoint_files, checkpoints, evaluation, generations, objectives, parallel, reporting, run_dir
 from oapl_jax.models import factory
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl import loop, offline as offline_mode, trainer, warmstart, windows
@@ -109,11 +109,29 @@ def eval_seed(rc: RunConfig) -> int:
 
 
 def evaluate(rc: RunConfig, task: Task, sampler: core.Sampler, params, *, settings: SamplingSettings,
-             eval_sets=None) -> dict[str, float]:
-  """{'eval/<set>/<metric>': value} over the task's eval sets (or `eval_sets`), at the run's eval seed."""
-  per_set = evaluation.evaluate_sets(sampler, params, task, task.eval_sets if eval_sets is None else eval_sets,
-                                     rc.eval, settings, eval_seed(rc))
+             eval_sets=None, sink: Optional[generations.Sink] = None, step: Optional[int] = None,
+             prefix: str = "") -> dict[str, float]:
+  """{'eval/<set>/<metric>': value} over the task's eval sets (or `eval_sets`), at the run's eval seed; with a
+  `sink` and a `step`, each set's first eval.save_prompts prompts' generations go to evals/<step>/<prefix><set>."""
+  per_set, saved = evaluation.evaluate_sets(sampler, params, task, task.eval_sets if eval_sets is None else eval_sets,
+                                            rc.eval, settings, eval_seed(rc))
+  if sink is not None and step is not None:
+    sink.eval(step, saved, prefix)
   return {f"eval/{name}/{k}": v for name, metrics in per_set.items() for k, v in metrics.items()}
+
+
+def rollout_saver(rc: RunConfig, task: Task, sink: generations.Sink) -> Optional[Callable]:
+  """RunParts.save_rollouts: a window's first eval.save_prompts training prompts x G rollouts, with their rewards
+  and the loss's advantages (generations.advantages); None when eval.save_prompts is 0."""
+  keep = rc.eval.save_prompts
+  if not keep:
+    return None
+
+  def save(window: int, problems, groups, rewards_PxG: np.ndarray) -> None:
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):  # a few numbers, off the accelerators
+      advantages_PxG = generations.advantages(rc.trainer.loss, rc.trainer.loss_settings, rewards_PxG[:keep])
+    sink.rollouts(window, generations.records(task, problems, groups, rewards_PxG, keep, advantages_PxG))
+  return save
 
 
 def warm_start(rc: RunConfig, task: Task, model: CausalLM, params, layout: parallel.Layout, seq: int,
@@ -211,13 +229,14 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
 
   sampler = build_sampler(rc, model, layouts.sampler)
   sampler.snapshot_version = meta.snapshot_version
-  evaluate_params = functools.partial(evaluate, rc, task, sampler, settings=eval_settings)
+  sink = generations.Sink(workdir, reporter.texts)
+  evaluate_params = functools.partial(evaluate, rc, task, sampler, settings=eval_settings, sink=sink)
   return RunParts(placement=layouts, task=task, model=model,
                   policy_params=trainer.make_policy_params(train_cfg, model, layouts.trainer), state=state, meta=meta,
                   sampler=sampler, rollout_settings=rollout_settings, eval_settings=eval_settings,
                   checkpointer=checkpointer, reporter=reporter, monitor=HealthMonitor(rc.monitors),
                   evaluate=evaluate_params, policy_eval=policy_eval(rc, task, sampler, model, seq, evaluate_params),
-                  lock=lock)
+                  save_rollouts=rollout_saver(rc, task, sink), lock=lock)
 
 
 def switches(rc: RunConfig) -> dict[str, str]:

@@ -93,6 +93,12 @@ def score(completion: str, answer: str) -> float:
   return float(bool(eos) and head == answer)
 
 
+def detail(completion: str, answer: str) -> str:
+  """What `score` read: the answer before eos, or that the completion never stopped."""
+  head, eos, _ = completion.partition(EOS)
+  return f"answer {head!r}" if eos else f"no {EOS}: {head!r}"
+
+
 def make_task(num_train: int = 2048, num_held_out: int = 256, *, seed: int = 0,
               num_digits: int = 2, operations: Sequence[str] = ("+",),
               held_out_fraction: float = 0.1, teacher_slip_rate: float = 0.0) -> base.Task:
@@ -105,7 +111,7 @@ def make_task(num_train: int = 2048, num_held_out: int = 256, *, seed: int = 0,
   return base.Task(
       name="arithmetic", tokenizer=tokenizer, train=train,
       eval_sets={"held_out": make_problems(num_held_out, "held_out", **kw)},
-      reward_fn=rewards.Guarded(rewards.ItemReward(score)),
+      reward_fn=rewards.Guarded(rewards.ItemReward(score)), reward_detail=detail,
       demonstrations=lambda demo_seed: sft_examples(train, tokenizer, slip_rate=teacher_slip_rate, seed=demo_seed))
 
 

@@ -86,6 +86,9 @@ class Task:
   eval_sets: Mapping[str, Sequence[Problem]]
   reward_fn: RewardFn
   demonstrations: Callable[[int], list[Demonstration]] | None = None  # seed -> examples; None: no warm start
+  # (completion text, gold answer) -> what the reward read of it (e.g. the extracted answer), shown beside saved
+  # generations (oapl_jax/generations.py); None: the task offers none
+  reward_detail: Callable[[str, str], str] | None = None
 
   def completion_text(self, tokens: Sequence[int]) -> str:
     """Decodes sampled tokens (unpadded) up to and including the first eos."""

@@ -69,7 +69,14 @@ def chat_task(cfg: ChatSettings) -> base.Task:
   reward_kw = dict(num_workers=cfg.reward_workers, timeout_s=cfg.reward_timeout_s, memory_mb=cfg.reward_memory_mb) \
       if cfg.reward == "math_verify" else {}
   return base.Task(name=cfg.reward, tokenizer=tokenizer, train=train, eval_sets=eval_sets,
-                   reward_fn=rewards.make_reward(cfg.reward, **reward_kw))
+                   reward_fn=rewards.make_reward(cfg.reward, **reward_kw), 
+                   reward_detail=None if ":" in cfg.reward else boxed_detail)  # an own score: no detail
+
+
+def boxed_detail(completion: str, answer: str) -> str:
+  """The last \\boxed{} of a chat task's response, the answer its rewards compare (math_verify parses more)."""
+  boxed = rewards.last_boxed(completion)
+  return "no \\boxed{}" if boxed is None else f"boxed {boxed!r}"
 
 
 @dataclasses.dataclass(frozen=True)
