@@ -117,7 +117,7 @@ def show(rows: Sequence[dict], n: int) -> str:
   """n records as plain text, one block each (oapl-eval --show)."""
   blocks = []
   for r in list(rows)[:n]:
-    extra = "".join(f", {k} {r[k]}" for k in ("detail", "advantage") if k in r)
+    extra = "".join(f"; {k}: {r[k]}" for k in ("detail", "advantage") if k in r)
     blocks.append(f"prompt: {r['prompt']!r}\nresponse (sample {r['sample']}): {r['response']!r}\n"
                   f"reward {r['reward']:.3g}{' (truncated)' if r.get('truncated') else ''}{extra}")
   return "\n\n".join(blocks)
