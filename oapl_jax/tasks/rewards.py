@@ -262,13 +262,13 @@ class WorkerReward:
           failed += 1
           broken |= isinstance(e, BrokenProcessPool)
           continue
-        self._account(i, outcome)
-        if outcome.error:
+        if outcome.error:  # logged first: a probe reports the first line logged (base.Task.probe_reward)
           self._failed(i, outcome.error + (f" (past task.reward_memory_mb={self.memory_mb})"
                                            if outcome.out_of_memory and self.memory_mb else ""), outcome.trace)
           failed += 1
         else:
           rewards[i] = outcome.value
+        self._account(i, outcome)
       now = time.monotonic()
       expired = [f for f, (_, d) in running.items() if d <= now]
       for f in expired:
