@@ -4,6 +4,7 @@ within-task seed variance (conditional on these tasks), the spread between tasks
 test (each seed's difference flips sign independently; the statistic is the mean of task means). A forest plot.
 
   python -m experiments.pooled reports/claims_v4/claim1_inputs.json --out reports/claims_v4/pooled_claim1
+  python -m experiments.pooled --lag 50 reports/claims_v4/lag_*/stats.json --out reports/claims_v4/pooled_same_lag50
 
 The input JSON: {"claim": TEXT, "comparisons": [{"task": NAME, "comparison": TEXT, "source": WHERE THE
 NUMBERS ARE, "diffs": {SEED: A - B, ...}}, ...]}.
@@ -113,16 +114,40 @@ def report(spec: dict, out: str) -> str:
   return path
 
 
+def from_lag_stats(lag_stats: Sequence[dict], lag: int, paths: Sequence[str]) -> dict:
+  """The spec of OAPL - GRPO at one lag, paired by seed, from lag curves' stats.json (experiments/lag_report)."""
+  comparisons = []
+  for stats, path in zip(lag_stats, paths):
+    by = {loss: {r["seed"]: r["test_pass1"] for r in stats["runs"] if r["loss"] == loss and r["lag"] == lag}
+          for loss in ("oapl", "grpo")}
+    seeds = sorted(set(by["oapl"]) & set(by["grpo"]))
+    comparisons.append({"task": stats["task"], "comparison": f"oapl - grpo, both at L = {lag}", "source": path,
+                        "diffs": {str(s): by["oapl"][s] - by["grpo"][s] for s in seeds}})
+  return {"claim": f"OAPL against GRPO at the same lag L = {lag}, final test pass@1 (OAPL - GRPO)",
+          "comparisons": comparisons}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m experiments.pooled", description=__doc__.split("\n")[0])
-  parser.add_argument("inputs", help="the JSON of per-task paired differences")
+  parser.add_argument("inputs", nargs="+", help="the JSON of per-task paired differences (or, with --lag, "
+                                                 "lag curves' stats.json files)")
+  parser.add_argument("--lag", type=int, help="pool OAPL - GRPO at this lag from lag curves' stats.json")
   parser.add_argument("--out", required=True)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   try:
-    with open(os.path.expanduser(args.inputs)) as f:
-      spec = json.load(f)
+    loaded = []
+    for path in args.inputs:
+      with open(os.path.expanduser(path)) as f:
+        loaded.append(json.load(f))
   except (OSError, json.JSONDecodeError) as e:
-    print(f"error: {args.inputs}: {e}", file=sys.stderr)
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.lag is not None:
+    spec = from_lag_stats(loaded, args.lag, args.inputs)
+  elif len(loaded) == 1:
+    spec = loaded[0]
+  else:
+    print("error: give one inputs JSON, or lag curves' stats.json files with --lag", file=sys.stderr)
     return 2
   print(open(report(spec, os.path.expanduser(args.out))).read())
   return 0

@@ -174,3 +174,12 @@ def test_an_edge_winner_extends_the_grid_by_half_a_decade():
   assert lag_plan.extend((1e-4, 3e-4, 1e-3), 1e-3) == 3e-3
   assert lag_plan.extend((1e-4, 3e-4, 1e-3, 3e-3), 3e-3) == 1e-2
   assert lag_plan.extend((1e-4, 3e-4, 1e-3), 3e-4) is None
+
+
+def test_pooled_reads_lag_curves_at_one_lag():
+  from experiments import pooled
+  run = lambda loss, lag, seed, v: {"loss": loss, "lag": lag, "seed": seed, "test_pass1": v}  # noqa: E731
+  stats = {"task": "t", "runs": [run("oapl", 50, 0, 0.6), run("grpo", 50, 0, 0.5), run("oapl", 50, 1, 0.7),
+                                 run("grpo", 10, 1, 0.9)]}  # seed 1 has no GRPO at L = 50: no pair
+  spec = pooled.from_lag_stats([stats], 50, ["p"])
+  assert spec["comparisons"][0]["diffs"] == {"0": pytest.approx(0.1)}
