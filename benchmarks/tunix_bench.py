@@ -18,7 +18,8 @@ against our make_train_step with trainer.loss="grpo", on one batch (2 prompts x 
 log-probs = ours at the start + noise, so ratios clip sometimes; our sampler log-probs equal the old ones, so
 our TIS weight is 1), AdamW with global-norm clipping 1.0. The sides run one process at a time (peak memory is
 each process's peak RSS), alternating over --train_pairs pairs.
-'% ceil': model FLOPs per second over this CPU's best float32 matmul rate (benchmarks/ceiling.py).
+'% ceil': model FLOPs per second over this CPU's best float32 matmul rate (benchmarks/ceiling.py). The roofline
+table: each batch's tokens/s against its memory-bound and compute-bound floors (benchmarks/roofline.py).
 A benchmark, not a test.
 """
 import argparse
@@ -206,12 +207,12 @@ def main(argv=None):
   if args.setup:
     return print(f"Tunix venv ready: {pythons['tunix']}")
 
-  from benchmarks import ceiling, sampler_bench
+  from benchmarks import ceiling, roofline, sampler_bench
   from oapl_jax import compile_check
   from oapl_jax.models import hf
   hf_cfg = hf_config(args.width, args.layers)
   args.vocab = hf_cfg.vocab_size
-  rows, notes = [], []
+  rows, notes, sampled = [], [], []
   with tempfile.TemporaryDirectory() as tmp:
     checkpoint = os.path.join(tmp, "ckpt")
     sampler_bench.make_checkpoint(checkpoint, hf_config=hf_cfg)
@@ -222,6 +223,7 @@ def main(argv=None):
     for batch in args.batches:
       print(f"sampling, batch {batch} ...", flush=True)
       s, first = bench_sampling(pythons, checkpoint, tmp, batch, args)
+      sampled.append((batch, s))
       rows.append((f"sampling, batch {batch}, {args.new_tokens} new tokens", "tokens/s", s,
                    s["ours"] * decode_flops, s["tunix"] * decode_flops))
       notes.append(f"batch {batch}: compile + first run ours {first['ours']:.1f} s, Tunix {first['tunix']:.1f} s")
@@ -251,6 +253,11 @@ def main(argv=None):
   top = 1e9 * max(peak_flops["jax"], peak_flops["torch"])
   rows = [(w, u, s, o and o / top, t and t / top) for w, u, s, o, t in rows]
   table = markdown_table(rows)
+  gbps = roofline.read_gbps()
+  floors = [(b, roofline.floors(roofline.decode_bytes(config, b, context), b * decode_flops, b, gbps,
+                                peak_flops["jax"]), s["ours"], s["tunix"]) for b, s in sampled]
+  table += (f"\n\nRoofline (float32 weights and cache; read {gbps:.1f} GB/s, XLA's best matmul "
+            f"{peak_flops['jax']:.1f} GFLOP/s; benchmarks/roofline.py):\n\n" + roofline.markdown(floors))
   with open("/proc/loadavg") as f:
     load = f.read().split()[:3]
   header = (f"cpu: {ceiling.cpu_description()}; load average {' '.join(load)} at the end\n"

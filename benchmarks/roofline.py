@@ -1,0 +1,58 @@
+"""A decode step's floors on this host: the memory-bound one (weight and KV-cache bytes read per step over the
+measured read bandwidth) and the compute-bound one (FLOPs per step over the best measured matmul rate).
+
+    python -m benchmarks.roofline                 # this host's read bandwidth (GB/s) and best f32 matmul rate
+
+tunix_bench prints, per batch, each side's tokens/s against the larger of the two step times (the bound).
+Bytes per step: every matmul weight once (the vocabulary projection's table included; a tied table is read by the
+projection, the embedding lookup reads B rows) plus the cache of each row up to the mean context, K and V of every
+layer. Norms and the lookup's rows are left out (< 0.1% here). A benchmark helper, not a test.
+"""
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def read_gbps(megabytes: int = 1024, repeats: int = 5) -> float:
+  """Best GB/s of one pass summing a float32 array of `megabytes` (a read of every byte, XLA's own loop)."""
+  x = jnp.ones(megabytes * 2**20 // 4, jnp.float32)
+  total = jax.jit(jnp.sum)
+  total(x).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    total(x).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return x.nbytes / best / 1e9
+
+
+def decode_bytes(config, batch: int, context: float, weight_bytes: int = 4, cache_bytes: int = 4) -> float:
+  """Bytes a decode step reads: matmul weights once, the KV cache of `batch` rows at `context` positions."""
+  from oapl_jax import compile_check  # pylint: disable=import-outside-toplevel
+  weights = compile_check.train_flops(config, 1, 1)["matmul_weights"]
+  cache = batch * config.num_layers * 2 * config.num_kv_heads * config.head_dim * context
+  return weights * weight_bytes + cache * cache_bytes
+
+
+def floors(step_bytes: float, step_flops: float, batch: int, gbps: float, gflops: float) -> dict:
+  """Tokens/s at each floor and at the bound (the slower of the two), for a step of `batch` new tokens."""
+  memory_s, compute_s = step_bytes / (gbps * 1e9), step_flops / (gflops * 1e9)
+  return {"memory_tps": batch / memory_s, "compute_tps": batch / compute_s, "bound_tps": batch / max(memory_s, compute_s),
+          "bound": "memory" if memory_s >= compute_s else "compute"}
+
+
+def markdown(rows) -> str:
+  """rows: (batch, floors(...), ours tokens/s, Tunix tokens/s)."""
+  lines = ["| batch | memory floor (tok/s) | compute floor (tok/s) | bound by | ours | ours % of bound | Tunix | "
+           "Tunix % of bound |", "|---:|---:|---:|---|---:|---:|---:|---:|"]
+  for batch, f, ours, tunix in rows:
+    lines.append(f"| {batch} | {f['memory_tps']:.0f} | {f['compute_tps']:.0f} | {f['bound']} | {ours:.0f} | "
+                 f"{ours / f['bound_tps']:.0%} | {tunix:.0f} | {tunix / f['bound_tps']:.0%} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  from benchmarks import ceiling
+  print(f"cpu: {ceiling.cpu_description()}; read {read_gbps():.1f} GB/s; best f32 matmul "
+        f"{ceiling.measure(repeats=3, with_torch=False)['jax']:.1f} GFLOP/s")
