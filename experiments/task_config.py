@@ -70,8 +70,9 @@ def preflight(spec: str, overrides: dict) -> list[str]:
       if errors := factory.check_task(settings):
         raise ValueError("task.base: " + "; ".join(errors))
     rc = schema.from_config(cfg)
-    warnings = check.check(rc)
-    assemble.build_task(rc).close()
+    with check.warnings_logged() as warnings:  # the config's and the task's data checks, as printed
+      check.check(rc)
+      assemble.build_task(rc).close()
     task, tests = task_and_tests(rc.task)
     task.close()
     if not tests or not all(tests.values()):

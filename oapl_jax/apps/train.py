@@ -43,9 +43,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   cli.console_logging()
   rc = schema.from_config(cfg)
   if args.dry_run:
-    warnings = check.check(rc)
-    assemble.build_task(rc).close()
-    print(f"config and data OK ({len(warnings)} warning(s)); nothing was built or written")
+    with check.warnings_logged() as warnings:  # the config's and the task's, as printed
+      check.check(rc)
+      assemble.build_task(rc).close()
+    print(f"config and data OK ({len(warnings)} warning(s){' above' if warnings else ''}); nothing was built or "
+          "written")
     return 0
   local_ids = [int(i) for i in args.local_device_ids.split(",")] if args.local_device_ids else None
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id, local_ids)

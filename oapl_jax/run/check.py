@@ -1,6 +1,7 @@
 """The cross-section rules of a RunConfig: what no one section can know alone. Every problem at once.
 
     warnings = check(rc)                # raises sections.ConfigError; returns (and logs) warnings
+    with warnings_logged() as seen: ... # every warning logged in the block (a dry run counts what it printed)
     warnings = check(rc, devices=topology_devices)   # a compile check's devices instead of this host's
 
 Per-field rules live on the sections' fields (sections.rule) and each task checks its own section
@@ -9,6 +10,7 @@ loss's need for groups, the warm start's need for demonstrations, LoRA's rank x 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -83,6 +85,28 @@ def check(rc: RunConfig, devices: Optional[Sequence[Any]] = None, *, preset_when
   for w in p.warnings:
     log.warning("config: %s", w)
   return p.warnings
+
+
+class _Collect(logging.Handler):
+  def __init__(self, into: list[str]):
+    super().__init__(logging.WARNING)
+    self.into = into
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.into.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def warnings_logged():
+  """The messages of every WARNING or worse logged inside the block, from any logger that reaches the root (the
+  config's rules here, the task's data checks, its reward's probe): what a dry run prints, so what it counts."""
+  seen: list[str] = []
+  handler = _Collect(seen)
+  logging.getLogger().addHandler(handler)
+  try:
+    yield seen
+  finally:
+    logging.getLogger().removeHandler(handler)
 
 
 def _lora_rank(rc: RunConfig, model, p: sections.Problems) -> None:
