@@ -37,6 +37,7 @@ CONFIG_YAML = "config.yaml"
 # May differ between the first start and a resume without counting as a change of experiment.
 RESUME_IGNORED: frozenset = frozenset({"eval.save_prompts"})  # how many generations are kept on disk
 _ABSENT = "<absent>"
+PRESET_UNUSED = "(unused: model.checkpoint names the model)"
 
 
 class ConfigChanged(ValueError):
@@ -104,12 +105,21 @@ def record_config(workdir: str, cfg: Any) -> str:
   os.makedirs(workdir, exist_ok=True)
   values = plain(cfg)
   for name, text in ((CONFIG_JSON, json.dumps(values, indent=2, sort_keys=True) + "\n"),
-                     (CONFIG_YAML, yaml.safe_dump(values, sort_keys=True))):
+                     (CONFIG_YAML, yaml.safe_dump(for_people(values), sort_keys=True))):
     tmp = os.path.join(workdir, name + ".tmp")
     with open(tmp, "w") as f:
       f.write(text)
     os.replace(tmp, os.path.join(workdir, name))
   return path
+
+
+def for_people(values: dict) -> dict:
+  """config.yaml's values: config.json's, with the model named once (a preset beside a checkpoint is unused, so it
+  reads as such; config.json keeps every field, the record a resume and a study's pairing compare)."""
+  model = values.get("model")
+  if isinstance(model, dict) and model.get("checkpoint") and "preset" in model:
+    return {**values, "model": {**model, "preset": PRESET_UNUSED}}
+  return values
 
 
 def recorded_config(workdir: str) -> dict | None:
