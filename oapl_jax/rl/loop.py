@@ -348,8 +348,10 @@ def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
   if finished:
     with _timed(run, "refresh"):
       run.sampler.refresh(run.policy_params(run.state))
+  # the snapshot whose rollouts the last steps trained on, as the checkpoint (and an export's info) records it: the
+  # refresh above makes one more, for the final eval only
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
-                             "snapshot_version": run.sampler.snapshot_version, **run.monitor.summary(),
+                             "snapshot_version": run.meta.snapshot_version, **run.monitor.summary(),
                              "reward_failures": _reward_failures(run.reporter.history())}
   evaluated = False
   if finished and not stop.vote()():  # the same answer on every process
