@@ -10,7 +10,8 @@ import numpy as np
 
 from experiments import paired_stats, results, tuning
 
-SPIKE_FACTOR = 5.0  # a grad-norm spike: a step's grad norm above this many times the run's median
+SPIKE_FACTOR = 5.0  # a grad-norm spike: a step's grad norm above this many times the run's median (over the
+# steps with a gradient: a batch whose groups all have equal rewards has none)
 
 
 def _values(r: results.RunResult, key: str) -> np.ndarray:
@@ -55,7 +56,9 @@ def phase_costs(summary: dict) -> Optional[dict]:
   return {"train": sum(trainer.get(p, 0.0) for p in TRAIN_PHASES) / steps,
           "sample": sum(sampler.get(p, 0.0) for p in SAMPLE_PHASES) / steps,
           "trainer_wait": trainer.get("waiting for samples", 0.0) / outside,
-          "sampler_wait": sampler.get("waiting for the trainer", 0.0) / outside, "outside_eval": outside}
+          # the sampler also waits while the trainer evaluates: that part is not the schedule's
+          "sampler_wait": max(sampler.get("waiting for the trainer", 0.0) - trainer.get("eval", 0.0), 0.0) / outside,
+          "outside_eval": outside}
 
 
 def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[float],
@@ -86,7 +89,7 @@ def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[floa
       collapsed=test < warm_test_pass1,
       drift_max=float(drift.max()) if drift.size else float("nan"),
       drift_window_end=float(np.mean(window_end)) if window_end else float("nan"),
-      grad_spikes=int(np.sum(grad > SPIKE_FACTOR * np.median(grad))) if grad.size else 0,
+      grad_spikes=int(np.sum(grad > SPIKE_FACTOR * np.median(grad[grad > 0]))) if np.any(grad > 0) else 0,
       skipped=int(np.sum(_values(r, "train/update_skipped"))), knob=knob, tis_weight=tis,
       refresh_seconds=float(np.median(_values(r, "sampler/refresh_seconds"))), **timing)
 

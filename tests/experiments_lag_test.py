@@ -79,7 +79,7 @@ def test_grpo_lr_rule():
 def test_run_stats_from_a_hand_made_history():
   lag, steps = 4, 8
   history = [{"step": 0, "policy_eval/dev/pass@1": 0.4}, {"step": 8, "policy_eval/dev/pass@1": 0.6}]
-  grad = [1.0, 1.0, 1.0, 9.0, 1.0, 1.0, 1.0, 1.0]  # one spike (9 > 5 x median 1)
+  grad = [1.0, 0.0, 0.0, 9.0, 0.0, 1.0, 1.0, 1.0]  # one spike (9 > 5 x median 1 of the steps with a gradient)
   drift = [0.0, 0.1, 0.2, 0.3, 0.0, 0.2, 0.4, 0.6]  # window ends at steps 3 and 7
   for s in range(steps):
     history.append({"step": s, "train/seq_log_ratio_abs_mean": drift[s], "train/grad_norm": grad[s],
@@ -183,3 +183,15 @@ def test_pooled_reads_lag_curves_at_one_lag():
                                  run("grpo", 10, 1, 0.9)]}  # seed 1 has no GRPO at L = 50: no pair
   spec = pooled.from_lag_stats([stats], 50, ["p"])
   assert spec["comparisons"][0]["diffs"] == {"0": pytest.approx(0.1)}
+
+
+def test_phase_costs_from_a_summary_by_hand():
+  summary = {"trainer_steps": 10, "loop_seconds": 30.0,
+             "phase_seconds": {"trainer": {"eval": 10.0, "waiting for samples": 2.0, "train step: dispatch": 5.0,
+                                           "old-policy scores": 1.0},
+                               "sampler": {"sampling": 6.0, "scoring": 2.0, "waiting for the trainer": 14.0}}}
+  c = lag_stats.phase_costs(summary)
+  assert c["train"] == pytest.approx(0.6) and c["sample"] == pytest.approx(0.8)
+  assert c["trainer_wait"] == pytest.approx(2.0 / 20.0)
+  assert c["sampler_wait"] == pytest.approx((14.0 - 10.0) / 20.0)  # its wait during the trainer's eval left out
+  assert lag_stats.phase_costs({"trainer_steps": 10}) is None
