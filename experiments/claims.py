@@ -144,8 +144,9 @@ class Runner:
     if not results.is_done(workdir) and not self.collect and self.only in (None, cell.name):
       print(f"[claims] run ({stage}): {cell.name}", flush=True)
       final = execute(self.study, cell, workdir, warm_dir_of(self.runs_dir, self.study))
-      print(f"[claims]   done in {final['wall_seconds']:.0f}s: test "
-            + ", ".join(f"{n} pass@1 {m['pass@1']:.3f}" for n, m in final["test"].items()), flush=True)
+      print(f"[claims]   done in {final['wall_seconds']:.0f}s: test pass@1 "
+            + ", ".join(f"{'' if n == 'test' else n + ' '}{m['pass@1']:.3f}" for n, m in final["test"].items()),
+            flush=True)
     return results.load(self.runs_dir, cell)
 
   def warm(self) -> Optional[dict]:

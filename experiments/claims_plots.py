@@ -94,13 +94,15 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
   if outcomes:
     fig, axes = plt.subplots(1, len(outcomes), figsize=(2.6 * len(outcomes), 3.4), squeeze=False)
     for ax, o in zip(axes[0], outcomes):
-      s = o.summary
+      s = o.measured()
       if s.n:
         ax.scatter([0] * s.n, s.diffs, s=12, color="0.5")
         if np.isfinite(s.ci_low):
           ax.errorbar([0.25], [s.mean], yerr=[[s.mean - s.ci_low], [s.ci_high - s.mean]], fmt="o", color="C0",
                       capsize=4)
       ax.axhline(0, color="k", lw=0.8)
+      if o.claim.shift:  # non-inferiority: the claim holds above minus the margin
+        ax.axhline(-o.claim.shift, color="C3", lw=0.8, ls="--")
       ax.set(xticks=[], title=f"claim {o.claim.key} (n={s.n})\n{o.verdict.split(' ')[0]}", xlim=(-0.5, 0.75))
       ax.title.set_fontsize(8)
     save(fig, "claims.png")

@@ -88,6 +88,14 @@ def _pilot_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list[
   return lines + [""]
 
 
+def smoke_line(state: claims.State) -> str:
+  """What a smoke study is, and whether it went on past the pilot's stop rule (a smoke does; a study stops)."""
+  failed = state.pilot is not None and not state.pilot.ok
+  return ("**A smoke study**: tiny runs that check every stage works, not the claims; its verdicts say nothing."
+          + (f" Its pilot failed the stop rule ({state.pilot.message}) and it went on, as only a smoke does."
+             if failed else ""))
+
+
 def _warm_lines(state: claims.State) -> list[str]:
   lines = ["## The warm start (one checkpoint, every run starts from it)", "",
            "| set | pass@1 | pass@k (largest k) |", "|---|---|---|"]
@@ -134,13 +142,13 @@ def _claim_lines(outcomes: list[claims_stats.Outcome]) -> list[str]:
            "verdict |",
            "|---|---|---|---|---|---|---|---|---|"]
   for o in outcomes:
-    s, c = o.summary, o.claim
+    s, c = o.measured(), o.claim
     lines.append(f"| {c.key} | {c.title} | {o.arm} vs {c.comparator} | {s.n} ({o.planned_n}) | {_f(s.mean, 4, True)} | "
                  f"{_interval(s)} | {_p(s.p)} | {_p(o.holm_p)} | **{o.verdict}** |")
   lines.append("")
   for o in outcomes:
-    per = ", ".join(f"seed {s}: {d:+.4f}" for s, d in zip(o.seeds, o.summary.diffs)) or "none"
-    extra = ""
+    per = ", ".join(f"seed {s}: {d:+.4f}" for s, d in zip(o.seeds, o.measured().diffs)) or "none"
+    extra = f" The test adds the margin {o.claim.shift:+.4f} to each." if o.claim.shift else ""
     if o.claim.key == "5" and o.summary.n:
       extra = (f" As a ratio: GRPO needs {2 ** o.summary.mean:.2f}x the generations "
                f"(95% interval {2 ** o.summary.ci_low:.2f}x to {2 ** o.summary.ci_high:.2f}x; the paper reports ~3x)."
@@ -252,6 +260,8 @@ def write_report(study: plan.Study, runs_dir: str, out_dir: str, state: claims.S
               f"{len(state.checked)} warning(s){': ' + '; '.join(state.checked) if state.checked else ''}.", ""]
   if state.stopped:
     lines += [f"**The study stopped: {state.stopped}**", ""]
+  if study.smoke:
+    lines += [smoke_line(state), ""]
   lines += rules_lines(study) + _warm_lines(state)
   if state.pilot is not None:
     lines += _pilot_lines(study, runs_dir, state)
