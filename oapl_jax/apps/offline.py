@@ -47,9 +47,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _command(args, rc, workdir: str) -> int:
-  run = assemble.setup(rc, workdir, force_lock=args.force_lock)
-  stop = preemption.StopFlag(run.placement.trainer.mesh).install()
+  stop = preemption.StopFlag().install()  # before setup: a stop in the warm start saves it too
   try:
+    try:
+      run = assemble.setup(rc, workdir, force_lock=args.force_lock, stop=stop)
+    except preemption.Stopped:
+      print(f"\n=== offline OAPL stopped by {stop.signal_name} in the warm start (saved; the same command resumes) ===")
+      return preemption.EXIT_CODES.get(stop.signal_name, 0)
     if args.command == "run":
       summary = offline.run_stages(run, workdir, stop)
       print("\n=== offline OAPL " + (f"stopped by {stop.signal_name} ===" if stop.signal_name else "finished ==="))

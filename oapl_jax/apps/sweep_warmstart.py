@@ -7,13 +7,15 @@ has one (warmstart.steps > 0) and no point sets a warmstart.*, model.* or task.*
 config's seed and saved as an HF directory, the way experiments/ share theirs; a run then loads it with
 --config.model.checkpoint=WORKDIR/warmstart --config.warmstart.steps=0, so a swept seed varies the RL only.
 WORKDIR/warmstart/sweep_warmstart.json records the config fields it was made from: a later sweep in the same
-workdir with other fields is refused instead of mixing runs from two starts.
+workdir with other fields is refused instead of mixing runs from two starts. SIGTERM or Ctrl-C saves it where it
+stands (WORKDIR/warmstart/warmstart_checkpoints) and exits 0 or 130; the same command (or sweep) continues it.
 """
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -74,6 +76,9 @@ def ensure(config_spec: str, workdir: str, extra: Sequence[str]) -> dict:
     log.flush()
     if subprocess.run(line, stdout=log, stderr=subprocess.STDOUT).returncode:
       raise RuntimeError(f"the shared warm start failed; see {out}/build.log")
+  if not os.path.exists(os.path.join(out, "config.json")):  # exit 0 without it: a SIGTERM saved it part-way
+    raise RuntimeError(f"the shared warm start was stopped part-way (saved; see {out}/build.log): run the same "
+                       "command again to continue it")
   record = {"fields": made_from, "wall_seconds": time.time() - start, "command": shlex.join(line)}
   with open(path + ".tmp", "w") as f:
     json.dump(record, f, indent=2)
@@ -82,19 +87,21 @@ def ensure(config_spec: str, workdir: str, extra: Sequence[str]) -> dict:
   return record
 
 
-def build(config_spec: str, workdir: str, extra: Sequence[str]) -> None:
-  """The config's warm start, saved as an HF directory to WORKDIR/warmstart."""
-  cli.prepare_host()
+def build(config_spec: str, workdir: str, extra: Sequence[str], stop=None) -> None:
+  """The config's warm start, saved as an HF directory to WORKDIR/warmstart (its progress saved beside it, so a
+  `stop` (rl/preemption.StopFlag) raises preemption.Stopped and the next call continues it). After
+  cli.prepare_host()."""
   from oapl_jax.models import hf  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble, check, policy, schema  # pylint: disable=import-outside-toplevel
   rc = schema.from_config(files.load(config_spec, list(extra)))
   check.check(rc)
   task = assemble.build_task(rc)
   try:
-    warm = policy.warm_started(rc, task)
+    warm = policy.warm_started(rc, task, workdir=directory(workdir), stop=stop)
     tok = task.tokenizer
     hf.save(directory(workdir), warm.model.config, warm.params, token_ids=hf.TokenIds(eos=tok.eos_id, pad=tok.pad_id,
                                                                                       bos=tok.bos_id))
+    shutil.rmtree(os.path.join(directory(workdir), assemble.WARMSTART_CHECKPOINTS), ignore_errors=True)  # made
   finally:
     task.close()
 
@@ -107,7 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   if bad := [a for a in rest if not a.startswith("--config.")]:
     p.error(f"unrecognized arguments: {bad}")
   cli.console_logging()
-  build(args.config, args.workdir, rest)
+  cli.prepare_host()  # before JAX starts (the sweep imports this module without it)
+  from oapl_jax.rl import preemption  # pylint: disable=import-outside-toplevel
+  stop = preemption.StopFlag().install()
+  try:
+    build(args.config, args.workdir, rest, stop)
+  except preemption.Stopped:
+    print(f"warm start stopped by {stop.signal_name} (saved; the same command continues it)")
+    return preemption.EXIT_CODES.get(stop.signal_name, 0)
   print(f"warm start saved to {directory(args.workdir)}")
   return 0
 

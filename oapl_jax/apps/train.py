@@ -4,10 +4,10 @@
   oapl-train --config configs/math.py:smoke --workdir /tmp/smoke --config.loop.num_syncs=2
   oapl-train --config configs/own_task.py --workdir runs/own --dry_run    # check config and data, build nothing
 
-SIGTERM (exit 0) or Ctrl-C (exit 130) stops the run after the step in flight with a checkpoint there; the same
-command resumes it exactly. One during the final eval ends the run without it (the summary says so; the same
-command runs it). A second run in the same workdir is refused (run_dir.RunLock, exit 2); a checkpoint that
-cannot be written stops the run (exit 1).
+SIGTERM (exit 0) or Ctrl-C (exit 130) stops the run after the step in flight with a checkpoint there, in the warm
+start too (RUN/warmstart_checkpoints); the same command resumes it exactly. One during the final eval ends the run
+without it (the summary says so; the same command runs it). A second run in the same workdir is refused
+(run_dir.RunLock, exit 2); a checkpoint that cannot be written stops the run (exit 1).
 """
 from __future__ import annotations
 
@@ -49,10 +49,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"config and data OK ({len(warnings)} warning(s){' above' if warnings else ''}); nothing was built or "
           "written")
     return 0
+  stop = preemption.StopFlag().install()  # from here on a stop saves where the run stands: the warm start too
   local_ids = [int(i) for i in args.local_device_ids.split(",")] if args.local_device_ids else None
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id, local_ids)
   logging.info("distributed: %s", distributed.describe())
-  summary = loop.train(assemble.setup(rc, args.workdir, args.allow_config_changes, args.force_lock))
+  try:
+    run = assemble.setup(rc, args.workdir, args.allow_config_changes, args.force_lock, stop=stop)
+  except preemption.Stopped:
+    if jax.process_index() == 0:
+      print(f"\n=== {rc.trainer.loss.upper()} run stopped by {stop.signal_name} in the warm start (saved; resume "
+            "with the same command) ===")
+    return preemption.EXIT_CODES.get(stop.signal_name, 0)
+  summary = loop.train(run, stop=stop)
   stopped_by = summary.get("stopped_by")
   if jax.process_index() == 0:
     print(f"\n=== {rc.trainer.loss.upper()} run " + (f"stopped by {stopped_by} (resume with the same command) ==="

@@ -107,16 +107,17 @@ def rollouts_inline(sampler_layout: parallel.Layout) -> bool:
 
 
 def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inline_rollouts: Optional[bool] = None,
-          max_windows: Optional[int] = None) -> dict:
+          max_windows: Optional[int] = None, stop: Optional[preemption.StopFlag] = None) -> dict:
   """Runs the remaining sync windows; returns the final summary (also written to the workdir).
   on_window(progress: dict), if given, is called after every window (e.g. a notebook redraws its curve).
   inline_rollouts: rollouts in the trainer's thread (True) or their own (False); None: `rollouts_inline`.
   max_windows: stop after this many windows of this call (the run stays resumable), e.g. to test a resume.
   SIGTERM or SIGINT (rl/preemption.py) stops the run after the step in flight, with a checkpoint there;
   the summary then names the signal under `stopped_by`. One after the last step's checkpoint skips (or, on one
-  process, cuts short) the final eval: `stopped_by` again, and `final_eval` says so; the same call runs it."""
+  process, cuts short) the final eval: `stopped_by` again, and `final_eval` says so; the same call runs it.
+  stop: the flag a command installed before setup (its warm start's), if any; the loop installs its own else."""
   worker = _worker(run, inline_rollouts)
-  stop = preemption.StopFlag(run.placement.trainer.mesh).install()
+  stop = (stop or preemption.StopFlag()).across(run.placement.trainer.mesh).install()
   run.reporter.phases.start()
   worker.start()
   at = _Position.of(run)

@@ -1,11 +1,13 @@
 """A stop asked for by SIGTERM (a pod's preemption, `kill`) or SIGINT (Ctrl-C), read by the loop at step ends.
 
     stop = preemption.StopFlag(mesh).install()   # the handlers (main thread only); stop.uninstall() restores
+    stop = preemption.StopFlag().install()       # before any mesh (a command's first line); .across(mesh) once built
     vote = stop.vote()                           # after dispatching a step: this process's flag, cast async
     if vote(): ...                               # one step later: True on every process, or on none
 
 The first signal only sets a flag and logs one line; the loop then finishes the step in flight, saves a
-checkpoint where it stands (inside a window too: checkpoints.py) and writes its summary. A second signal
+checkpoint where it stands (inside a window too: checkpoints.py) and writes its summary; in the warm start
+(rl/warmstart.py) it saves the warm start's progress and raises Stopped out of run setup. A second signal
 gets the default action (the run ends at once, no save). Work with nothing to save (the final eval, after the
 last checkpoint) runs inside `stop.interrupting()`, where on one process the first signal raises Stopped at once.
 
@@ -31,7 +33,7 @@ EXIT_CODES = {"SIGTERM": 0, "SIGINT": 130}  # what a command exits with after a 
 
 
 class Stopped(Exception):
-  """A signal ended work inside StopFlag.interrupting()."""
+  """A signal ended work inside StopFlag.interrupting(), or the warm start (its progress saved)."""
 
 
 class StopFlag:
@@ -41,16 +43,25 @@ class StopFlag:
     self.signal_name: Optional[str] = None  # the signal that asked for the stop (this process's)
     self._previous: dict[int, Any] = {}
     self._interrupting = False
-    self._collective = mesh is not None and jax.process_count() > 1
-    if self._collective:
-      devices = mesh.devices.flatten()
-      self._flags = NamedSharding(jax.sharding.Mesh(devices, ("all",)), PartitionSpec("all"))
-      self._count = len(devices)
-      self._any = jax.jit(jnp.max, out_shardings=NamedSharding(self._flags.mesh, PartitionSpec()))
+    self._collective = False
+    self.across(mesh)
+
+  def across(self, mesh: Optional[jax.sharding.Mesh]) -> "StopFlag":
+    """From now on the vote is over every process (one tiny all-reduce over `mesh`'s devices) when there are
+    several; a flag made before the mesh (installed at a command's start) joins it here. Returns self."""
+    if mesh is None or self._collective or jax.process_count() == 1:
+      return self
+    devices = mesh.devices.flatten()
+    self._flags = NamedSharding(jax.sharding.Mesh(devices, ("all",)), PartitionSpec("all"))
+    self._count = len(devices)
+    self._any = jax.jit(jnp.max, out_shardings=NamedSharding(self._flags.mesh, PartitionSpec()))
+    self._collective = True
+    return self
 
   def install(self) -> "StopFlag":
-    if threading.current_thread() is threading.main_thread():  # Python allows handlers only there
-      self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+    """The handlers; nothing when they are in already or a signal has come (a second one then acts at once)."""
+    if not self._previous and not self.requested and threading.current_thread() is threading.main_thread():
+      self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}  # Python allows handlers only there
     return self
 
   def uninstall(self) -> None:

@@ -2,19 +2,26 @@
 
 Reuses the trainer's jitted step with the 'sft' loss (objectives.LOSSES), so there is one
 train step in the codebase; demonstrations are packed as groups of size 1.
+
+A stop (rl/preemption.py: SIGTERM, Ctrl-C) is read at step ends as in the loop: the step in flight finishes,
+the warm start's state is saved to its own Checkpointer (run/assemble: WORKDIR/warmstart_checkpoints) and
+preemption.Stopped is raised. The same call then restores it and goes on with the same batches (the row draws
+before the saved step are replayed) and step keys (PRNGKey(step)), so its params equal an uninterrupted warm
+start's bit for bit; its end is saved too, so a run stopped before its first RL checkpoint skips it.
 """
 import dataclasses
+import itertools
 import logging
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
 
-from oapl_jax import objectives, parallel, sections
+from oapl_jax import checkpoint_files, checkpoints, objectives, parallel, sections
 from oapl_jax.models.api import CausalLM
 from oapl_jax.parallel import Layout
-from oapl_jax.rl import trainer
+from oapl_jax.rl import preemption, trainer
 from oapl_jax.rl.buffer import pack_sequences
 from oapl_jax.rl.optim import OptimConfig
 from oapl_jax.tasks.base import Demonstration
@@ -51,31 +58,97 @@ def pack_demonstrations(examples: Sequence[Demonstration], seq_len: int) -> dict
 
 
 def warm_start(examples: Sequence[Demonstration], params, model: CausalLM, layout: Layout, config: WarmStartConfig,
-               *, seq_len: int, seed: int, log: Callable[[int, dict], None]):
-  """Returns params after `config.steps` optimizer steps of NLL on `examples`."""
+               *, seq_len: int, seed: int, log: Callable[[int, dict], None],
+               checkpointer: Optional[checkpoints.Checkpointer] = None,
+               stop: Optional[preemption.StopFlag] = None):
+  """Returns params after `config.steps` optimizer steps of NLL on `examples`. With a `checkpointer`, what it
+  holds is continued and the end is saved there; an agreed `stop` saves after the step in flight and raises
+  preemption.Stopped (module docstring)."""
   if config.batch_size > len(examples):
     raise ValueError(f"warmstart.batch_size={config.batch_size} exceeds the {len(examples)} demonstrations")
   train_config = trainer.TrainConfig(loss="sft", loss_settings=objectives.SFTSettings(), optim=config.optimizer())
-  state = trainer.create_train_state(train_config, model, params, layout)
+  state = _restored(checkpointer, trainer.create_train_state(train_config, model, params, layout))
+  first = int(state.step)
   step_fn = trainer.make_train_step(train_config, model, layout)
-  data = pack_demonstrations(examples, seq_len)
-  sharding = trainer.batch_sharding(layout, config.batch_size)
-  local_rows = parallel.process_rows(sharding, config.batch_size)  # every process feeds only its own rows
-  rng = np.random.default_rng(seed)
-  start, pending, steady = time.perf_counter(), None, None
-  report_every = max(1, config.steps // 10)  # a console line per tenth, with an ETA from steady-state steps
-  for step in range(config.steps):
-    rows = rng.choice(len(examples), size=config.batch_size, replace=False)
-    batch = parallel.from_process_rows({k: v[rows][local_rows] for k, v in data.items()}, sharding, config.batch_size)
-    state, metrics = step_fn(state, batch, jax.random.PRNGKey(step))
-    if pending is not None and (step % 50 == 0 or step == config.steps - 1):
-      log(step, {"warmstart/nll": float(pending["nll"]), "warmstart/seconds": time.perf_counter() - start})
-    if step == 1:  # step 0 compiled; time from here
-      jax.block_until_ready(metrics)
-      steady = (step, time.perf_counter())
-    elif steady and (step % report_every == 0 or step == config.steps - 1):
-      per_step = (time.perf_counter() - steady[1]) / (step - steady[0])
-      logging.info("warm start: step %d/%d, nll %.4f, %.2f s/step, ETA %.0f s", step + 1, config.steps,
-                   float(metrics["nll"]), per_step, per_step * (config.steps - step - 1))
-    pending = metrics
+  batches = _batches(examples, seq_len, config.batch_size, layout, seed, first)
+  progress, done, stopping, voted = _Progress(config.steps, first, log), first, False, lambda: False
+  for step in range(first, config.steps):
+    state, metrics = step_fn(state, next(batches), jax.random.PRNGKey(step))
+    progress.after(step, metrics)
+    done, stopping, voted = step + 1, voted(), (stop.vote() if stop else voted)  # cast a step ago: no wait
+    if stopping:
+      progress.stopped_after(step, metrics)
+      break
+  if done > first:
+    _save(checkpointer, state, seed, config.batch_size)
+  if stopping or voted():
+    logging.warning("stopped by %s after warm-start step %d of %d%s; resume with the same command",
+                    stop.signal_name, done, config.steps,
+                    f" (saved to {checkpointer.directory})" if checkpointer else " (nothing saved: no checkpointer)")
+    raise preemption.Stopped(stop.signal_name)
   return state.params
+
+
+def _restored(checkpointer: Optional[checkpoints.Checkpointer], state: trainer.TrainState) -> trainer.TrainState:
+  """`state` as the checkpointer's newest warm-start save left it (unchanged without one)."""
+  if checkpointer is None or checkpointer.latest_step() is None:
+    return state
+  saved, _ = checkpointer.restore(checkpoints.abstract_like(trainer.checkpointed(state)))
+  logging.info("warm start: resumed at step %d from %s", int(saved.step), checkpointer.directory)
+  return saved.replace(frozen=state.frozen)
+
+
+def _save(checkpointer: Optional[checkpoints.Checkpointer], state: trainer.TrainState, seed: int,
+          batch_size: int) -> None:
+  if checkpointer is None:
+    return
+  done = int(state.step)
+  checkpointer.save(done, trainer.checkpointed(state), checkpoint_files.Meta(
+      syncs_done=0, snapshot_version=0, data_position=done * batch_size, seed=seed))
+
+
+def _batches(examples: Sequence[Demonstration], seq_len: int, batch_size: int, layout: Layout, seed: int,
+             first: int) -> Iterator[Mapping[str, Any]]:
+  """The trainer batches of steps `first`, `first` + 1, ...: the rows an uninterrupted warm start draws (the
+  draws of the steps before `first` are replayed); each process feeds only its own rows."""
+  data = pack_demonstrations(examples, seq_len)
+  sharding = trainer.batch_sharding(layout, batch_size)
+  local_rows = parallel.process_rows(sharding, batch_size)
+  rng = np.random.default_rng(seed)
+  for step in itertools.count():
+    rows = rng.choice(len(examples), size=batch_size, replace=False)
+    if step >= first:
+      yield parallel.from_process_rows({k: v[rows][local_rows] for k, v in data.items()}, sharding, batch_size)
+
+
+class _Progress:
+  """The metrics (every 50 steps and the last: the previous step's nll, so no step waits for its own) and a
+  console line per tenth, with an ETA from steady-state steps (after the first step of this call compiled)."""
+
+  def __init__(self, steps: int, first: int, log: Callable[[int, dict], None]):
+    self.steps, self.first, self.log = steps, first, log
+    self.report_every = max(1, steps // 10)
+    self.start, self.pending, self.steady = time.perf_counter(), None, None
+
+  def _due(self, step: int) -> bool:
+    return step % 50 == 0 or step == self.steps - 1
+
+  def _record(self, step: int, metrics) -> None:
+    self.log(step, {"warmstart/nll": float(metrics["nll"]), "warmstart/seconds": time.perf_counter() - self.start})
+
+  def after(self, step: int, metrics) -> None:
+    if self.pending is not None and self._due(step):
+      self._record(step, self.pending)
+    if step == self.first + 1:  # the first step compiled; time from here
+      jax.block_until_ready(metrics)
+      self.steady = (step, time.perf_counter())
+    elif self.steady and (step % self.report_every == 0 or step == self.steps - 1):
+      per_step = (time.perf_counter() - self.steady[1]) / (step - self.steady[0])
+      logging.info("warm start: step %d/%d, nll %.4f, %.2f s/step, ETA %.0f s", step + 1, self.steps,
+                   float(metrics["nll"]), per_step, per_step * (self.steps - step - 1))
+    self.pending = metrics
+
+  def stopped_after(self, step: int, metrics) -> None:
+    """What the next step would have logged (a resumed warm start starts there with nothing pending)."""
+    if step + 1 < self.steps and self._due(step + 1):
+      self._record(step + 1, metrics)

@@ -26,7 +26,7 @@ import numpy as np
 from oapl_jax import checkpoint_files, checkpoints, evaluation, generations, objectives, parallel, reporting, run_dir
 from oapl_jax.models import factory
 from oapl_jax.models.api import CausalLM
-from oapl_jax.rl import loop, offline as offline_mode, trainer, warmstart, windows
+from oapl_jax.rl import loop, offline as offline_mode, preemption, trainer, warmstart, windows
 from oapl_jax.rl.buffer import RolloutBuffer, sequence_length
 from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.rl.monitors import HealthMonitor
@@ -134,17 +134,34 @@ def rollout_saver(rc: RunConfig, task: Task, sink: generations.Sink) -> Optional
   return save
 
 
+WARMSTART_CHECKPOINTS = "warmstart_checkpoints"  # RUN/warmstart_checkpoints: a stopped (or finished) warm start
+
+
 def warm_start(rc: RunConfig, task: Task, model: CausalLM, params, layout: parallel.Layout, seq: int,
-               log: Callable[[int, dict], None]):
-  """params after the warm start's supervised steps (unchanged when warmstart.steps = 0)."""
+               log: Callable[[int, dict], None], *, workdir: Optional[str] = None,
+               stop: Optional[preemption.StopFlag] = None):
+  """params after the warm start's supervised steps (unchanged when warmstart.steps = 0). With a `workdir`, a warm
+  start saved in it is continued and its end saved; a `stop` agreed during it saves it and raises
+  preemption.Stopped (rl/warmstart.py)."""
   if not rc.warmstart.steps:
     return params
   if task.demonstrations is None:
     raise ValueError(f"config field warmstart.steps={rc.warmstart.steps}, but task {task.name!r} has no "
                      "demonstrations")
   logging.info("warm start: %d supervised steps on demonstrations", rc.warmstart.steps)
-  return warmstart.warm_start(task.demonstrations(rc.seed), params, model, layout, rc.warmstart, seq_len=seq,
-                              seed=rc.seed, log=log)
+  saves = None if workdir is None else checkpoints.Checkpointer(os.path.join(workdir, WARMSTART_CHECKPOINTS), 1)
+  try:
+    return warmstart.warm_start(task.demonstrations(rc.seed), params, model, layout, rc.warmstart, seq_len=seq,
+                                seed=rc.seed, log=log, checkpointer=saves, stop=stop)
+  finally:
+    if saves is not None:
+      saves.close()
+
+
+def warm_start_saved(rc: RunConfig, workdir: str) -> bool:
+  """Whether `workdir` holds a save of this config's warm start (one stopped, or one whose RL has no checkpoint)."""
+  directory = checkpoint_files.absolute(os.path.join(workdir, WARMSTART_CHECKPOINTS))
+  return bool(rc.warmstart.steps) and bool(checkpoint_files.step_dirs(directory)[0])
 
 
 def old_policy_scorer(train_cfg: trainer.TrainConfig, model: CausalLM, layout: parallel.Layout, chunk_prompts: int):
@@ -174,19 +191,21 @@ def policy_eval(rc: RunConfig, task: Task, sampler: core.Sampler, model: CausalL
                     rc.eval.probe_sampling((task.tokenizer.eos_id,)), eval_seed(rc), seq)
 
 
-def setup(cfg: Any, workdir: str, allow_config_changes: bool = False,
-          force_lock: bool = False) -> loop.Online | offline_mode.Offline:
+def setup(cfg: Any, workdir: str, allow_config_changes: bool = False, force_lock: bool = False,
+          stop: Optional[preemption.StopFlag] = None) -> loop.Online | offline_mode.Offline:
   """Build a run: where it runs, the task, the model (warm-started or restored), the sampler; the online driver
   (rl/loop.py), or the offline one (rl/offline.py) when the config has an `offline` section.
   cfg: a RunConfig, or a ConfigDict (read by schema.from_config). The config's cross-section rules and
   every data source are checked before any model is built; the workdir is locked (run_dir.lock, RunDirBusy
-  at once; `force_lock` takes over another host's record) before anything is written, until the run ends."""
+  at once; `force_lock` takes over another host's record) before anything is written, until the run ends.
+  `stop` (installed by the caller, rl/preemption.py): one agreed during the warm start saves it and raises
+  preemption.Stopped, the workdir released; the same call continues it."""
   rc = cfg if isinstance(cfg, RunConfig) else schema.from_config(cfg)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   check.check(rc)
   lock = run_dir.lock(workdir, force_lock)
   try:
-    parts = _parts(rc, workdir, allow_config_changes, lock)
+    parts = _parts(rc, workdir, allow_config_changes, lock, stop)
     return offline(rc, parts) if rc.is_offline else online(rc, parts)
   except BaseException:
     if lock is not None:
@@ -194,8 +213,11 @@ def setup(cfg: Any, workdir: str, allow_config_changes: bool = False,
     raise
 
 
-def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Optional[run_dir.RunLock]) -> RunParts:
+def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Optional[run_dir.RunLock],
+           stop: Optional[preemption.StopFlag]) -> RunParts:
   layouts = placement(rc)
+  if stop is not None:
+    stop.across(layouts.trainer.mesh)
   task = build_task(rc)
   rollout_settings, eval_settings = sampling(rc, task)
   model, params = build_model(rc, layouts.trainer)
@@ -206,12 +228,20 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   train_cfg = train_config(rc)
   record = schema.to_mapping(rc)
   resuming = checkpointer.latest_step() is not None
-  if resuming:  # a resume with another config says what differs, and refuses unless allowed
+  warm_resuming = not resuming and warm_start_saved(rc, workdir)
+  if resuming or warm_resuming:  # a resume with another config says what differs, and refuses unless allowed
     run_dir.check_resume(workdir, record, allow_config_changes)
-  if not resuming or run_dir.recorded_config(workdir) is None:
+  if not (resuming or warm_resuming) or run_dir.recorded_config(workdir) is None:
     run_dir.record_config(workdir, record)
+  if warm_resuming:
+    reporter.resume_from(0)  # keeps the warm start's metrics, drops the RL steps of an attempt that saved none
   if not resuming:
-    params = warm_start(rc, task, model, params, layouts.trainer, seq, reporter.scalars)
+    try:
+      params = warm_start(rc, task, model, params, layouts.trainer, seq, reporter.scalars, workdir=workdir,
+                          stop=stop)
+    except BaseException:  # a stop too: setup ends here, so the task's reward workers go now
+      task.close()
+      raise
   state = trainer.create_train_state(train_cfg, model, params, layouts.trainer, jax.random.PRNGKey(rc.seed))
   del params
   meta = checkpoint_files.Meta(syncs_done=0, snapshot_version=0, data_position=0, seed=rc.seed)

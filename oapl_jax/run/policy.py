@@ -28,6 +28,7 @@ from etils import epath
 from oapl_jax import checkpoint_files, checkpoints
 from oapl_jax.models import factory, lora
 from oapl_jax.models.api import CausalLM
+from oapl_jax.rl import preemption
 from oapl_jax.rl.trainer import Params
 from oapl_jax.run import assemble, schema
 from oapl_jax.run.schema import RunConfig
@@ -83,14 +84,17 @@ def for_hf(config: RunConfig, source: str) -> RunConfig:
   return schema.from_config(values)
 
 
-def warm_started(config: RunConfig, task: Task, log: Callable[[int, dict], None] = lambda step, metrics: None
-                 ) -> Policy:
+def warm_started(config: RunConfig, task: Task, log: Callable[[int, dict], None] = lambda step, metrics: None,
+                 *, workdir: Optional[str] = None, stop: Optional[preemption.StopFlag] = None) -> Policy:
   """`config`'s model (an HF checkpoint or a preset) after its warm start's supervised steps on `task`'s
-  demonstrations (unchanged when warmstart.steps = 0), on the trainer's devices."""
+  demonstrations (unchanged when warmstart.steps = 0), on the trainer's devices. With a `workdir` it saves there
+  and continues a save it finds; a `stop` agreed during it saves and raises preemption.Stopped (assemble.warm_start)."""
   layout = assemble.placement(config).trainer
+  if stop is not None:
+    stop.across(layout.mesh)
   model, params = assemble.build_model(config, layout)
   seq = assemble.seq_len(config, assemble.longest_prompt(task))
-  params = assemble.warm_start(config, task, model, params, layout, seq, log)
+  params = assemble.warm_start(config, task, model, params, layout, seq, log, workdir=workdir, stop=stop)
   return Policy(config, model, params, "", "warmstart")
 
 
