@@ -77,8 +77,8 @@ class PhaseClock:
 
   Each thread ("trainer", "sampler") times disjoint stretches of its own time, never one inside another, so a
   thread's phases sum to at most the wall time since `start()`; what no phase covers is its "other" row.
-  Between `start()` and `stop()` JAX's compile events (tracing, lowering, XLA) are summed per thread too: a part of
-  the phases they fall in, shown apart.
+  Between `start()` and `stop()` JAX's compile events (tracing, lowering, XLA) are summed per thread and phase too
+  (the phase the thread was in, else "other"): a part of that phase's time, shown beside it.
   """
   COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                     "/jax/core/compile/backend_compile_duration")
@@ -86,8 +86,9 @@ class PhaseClock:
   def __init__(self):
     self._lock = threading.Lock()
     self._seconds: dict[tuple[str, str], float] = {}
-    self._compile: dict[str, float] = {}
+    self._compile: dict[tuple[str, str], float] = {}
     self._thread_names: dict[int, str] = {}  # thread ident -> the name its timed() calls gave
+    self._current: dict[int, str] = {}  # thread ident -> the phase it is in
     self._start = time.perf_counter()
 
   def start(self) -> None:
@@ -99,13 +100,18 @@ class PhaseClock:
 
   def _on_event(self, event: str, seconds: float, **_) -> None:
     if event in self.COMPILE_EVENTS:
-      thread = self._thread_names.get(threading.get_ident(), "trainer")
+      ident = threading.get_ident()
+      key = self._thread_names.get(ident, "trainer"), self._current.get(ident, "other")
       with self._lock:
-        self._compile[thread] = self._compile.get(thread, 0.0) + seconds
+        self._compile[key] = self._compile.get(key, 0.0) + seconds
 
-  def compile_seconds(self) -> dict[str, float]:
+  def compile_seconds(self) -> dict[str, dict[str, float]]:
+    """{thread: {phase: seconds compiling inside it}}."""
     with self._lock:
-      return dict(self._compile)
+      out: dict[str, dict[str, float]] = {}
+      for (thread, phase), s in self._compile.items():
+        out.setdefault(thread, {})[phase] = s
+      return out
 
   def elapsed(self) -> float:
     return time.perf_counter() - self._start
@@ -116,11 +122,13 @@ class PhaseClock:
 
   @contextlib.contextmanager
   def timed(self, thread: str, phase: str):
-    self._thread_names[threading.get_ident()] = thread
+    ident = threading.get_ident()
+    self._thread_names[ident], self._current[ident] = thread, phase
     start = time.perf_counter()
     try:
       yield
     finally:
+      self._current.pop(ident, None)
       self.add(thread, phase, time.perf_counter() - start)
 
   def seconds(self, thread: Optional[str] = None, phase: Optional[str] = None) -> float:
@@ -143,12 +151,13 @@ class PhaseClock:
     """One table per thread: each phase's seconds and share of `wall`, then what no phase covered."""
     lines = [f"\n## Where the time went\n\nThe loop's wall time: {wall:.1f} s. Each thread's phases are disjoint "
              "(the sampler's thread runs beside the trainer's).\n"]
+    compiled = self.compile_seconds()
     for thread, phases in sorted(self.phases().items(), key=lambda kv: kv[0] != "trainer"):
-      lines += [f"| {thread} thread | seconds | share of wall |", "|---|---:|---:|"]
+      lines += [f"| {thread} thread | seconds | share of wall | of which compiling |", "|---|---:|---:|---:|"]
       rows = sorted(phases.items(), key=lambda kv: -kv[1]) + [("other", wall - sum(phases.values()))]
-      lines += [f"| {phase} | {s:.2f} | {s / max(wall, 1e-9):.1%} |" for phase, s in rows]
-      compiling = self.compile_seconds().get(thread, 0.0)
-      lines += [f"| (compiling: part of the rows above) | {compiling:.2f} | {compiling / max(wall, 1e-9):.1%} |", ""]
+      within = compiled.get(thread, {})
+      lines += [f"| {phase} | {s:.2f} | {s / max(wall, 1e-9):.1%} | {within.get(phase, 0.0):.2f} |" for phase, s in rows]
+      lines.append("")
     return "\n".join(lines)
 
 
