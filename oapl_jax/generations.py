@@ -101,9 +101,14 @@ def _cell(text: str) -> str:
   return text if len(text) <= CELL_CHARS else text[:CELL_CHARS - 1] + "…"
 
 
+def spread(rows: Sequence[dict], n: int) -> list[dict]:
+  """n records over as many prompts as there are: every prompt's first sample, then their second, ..."""
+  return sorted(rows, key=lambda r: r.get("sample", 0))[:n]  # stable: prompts stay in order
+
+
 def table(rows: Sequence[dict], n: int = TABLE_ROWS) -> str:
-  """The first n records as a markdown table (prompt, response, reward, detail where recorded)."""
-  rows = list(rows)[:n]
+  """n records (`spread`) as a markdown table (prompt, response, reward, detail where recorded)."""
+  rows = spread(rows, n)
   with_detail = any("detail" in r for r in rows)
   head = ["prompt", "response", "reward"] + (["detail"] if with_detail else [])
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -114,9 +119,9 @@ def table(rows: Sequence[dict], n: int = TABLE_ROWS) -> str:
 
 
 def show(rows: Sequence[dict], n: int) -> str:
-  """n records as plain text, one block each (oapl-eval --show)."""
+  """n records (`spread`) as plain text, one block each (oapl-eval --show)."""
   blocks = []
-  for r in list(rows)[:n]:
+  for r in spread(rows, n):
     extra = "".join(f"; {k}: {r[k]}" for k in ("detail", "advantage") if k in r)
     blocks.append(f"prompt: {r['prompt']!r}\nresponse (sample {r['sample']}): {r['response']!r}\n"
                   f"reward {r['reward']:.3g}{' (truncated)' if r.get('truncated') else ''}{extra}")

@@ -80,7 +80,7 @@ def test_the_sink_writes_each_set_and_a_table_to_the_text_panel(tmp_path):
     assert json.loads(f.readline()) == rows[0]
 
 
-def test_show_prints_n_records():
-  rows = [{"prompt": "p", "sample": i, "response": "r", "reward": 0.5, "advantage": 0.25} for i in range(5)]
+def test_show_prints_n_records_over_the_prompts():
+  rows = [{"prompt": p, "sample": i, "response": "r", "reward": 0.5, "advantage": 0.25} for p in "abc" for i in range(2)]
   text = generations.show(rows, 3)
-  assert text.count("prompt: 'p'") == 3 and "reward 0.5; advantage: 0.25" in text
+  assert [text.count(f"prompt: '{p}'") for p in "abc"] == [1, 1, 1] and "reward 0.5; advantage: 0.25" in text

@@ -123,8 +123,8 @@ def write_report(report: dict, out_dir: str) -> dict[str, str]:
   for name, values in report["sets"].items():
     lines.append(f"| {name} | " + " | ".join(_cell(values.get(m)) for m in metrics) + " |")
   for name, rows in saved.items():
-    lines += ["", f"## Generations: {name} (the first {generations.TABLE_ROWS} of {len(rows)} in [{name}.jsonl]"
-              f"({name}.jsonl))", "", generations.table(rows)]
+    lines += ["", f"## Generations: {name} ({min(generations.TABLE_ROWS, len(rows))} of the {len(rows)} in "
+              f"[{name}.jsonl]({name}.jsonl))", "", generations.table(rows)]
   with open(paths["markdown"], "w") as f:
     f.write("\n".join(lines) + "\n")
   return paths
