@@ -14,6 +14,9 @@ import numpy as np
 from experiments import claims_stats, lag_plan, lag_plots, lag_stats, paired_stats, plan, results, tuning, walltime
 
 COST_RATIOS = (0.5, 1.0, 2.0, 4.0)  # t_sample / t_train for the projection beside this host's measured costs
+# the README's GSM8K recipe on one H100 (an estimate from measured decode and train rates, not a run): at most
+# 16 s sampling and about 9 s training a step; a refresh a device-side copy (taken as 1 s)
+GSM8K_H100 = walltime.Costs(16.0, 9.0, 1.0, "GSM8K on an H100 (estimate)")
 TARGET_ABOVE_WARM = 0.15  # the wall-time target: validation pass@1 of the warm start + this
 
 
@@ -73,7 +76,7 @@ def walltime_lines(runs, stats, warm_val: float, out_dir: str) -> tuple[list[str
   target = warm_val + TARGET_ABOVE_WARM
   curves = {key: walltime.median_curve([r.curve() for r in rs]) for key, rs in runs.items()}
   costs = [measured] + [walltime.Costs(r * measured.train, measured.train, measured.refresh, f"t_s/t_t = {r:g}")
-                        for r in COST_RATIOS]
+                        for r in COST_RATIOS] + [GSM8K_H100]
   base = curves.get(("grpo", 1))
   lines = ["## What the lag buys in wall time (a projection; walltime.png)", "",
            "```", walltime.__doc__.strip(), "```", "",
