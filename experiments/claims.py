@@ -111,7 +111,8 @@ def warm_start(study: plan.Study, directory: str) -> dict:
   results.write_json(os.path.join(directory, "eval.json"), out)
   loop_task.close()
   print(f"[claims] {study.name} warm start: {out['wall_seconds']:.0f}s, test pass@1 "
-        + ", ".join(f"{name} {m['pass@1']:.3f}" for name, m in out["test"].items()), flush=True)
+        + ", ".join(f"{'' if name == 'test' else name + ' '}{m['pass@1']:.3f}" for name, m in out["test"].items()),
+        flush=True)
   return out
 
 
