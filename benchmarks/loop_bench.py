@@ -88,7 +88,7 @@ def cpu_seconds() -> tuple[float, float]:
   return busy, child.ru_utime + child.ru_stime
 
 
-def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str) -> dict:
+def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env: dict | None = None) -> dict:
   """One run (skipped when its result.json exists); returns loop_curves.Result fields as a dict."""
   where = run_dir(workdir, side, lr, seed)
   result_path = os.path.join(where, "result.json")
@@ -108,7 +108,7 @@ def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str) -> 
            *COMMON, *SIDES[side]]
   before, start = cpu_seconds(), time.perf_counter()
   with open(os.path.join(where, "log.txt"), "w") as log:
-    if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=worker_env()).returncode:
+    if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**worker_env(), **(env or {})}).returncode:
       raise SystemExit(f"{side} lr {lr:g} seed {seed} failed; see {where}/log.txt")
   (busy0, own0), (busy1, own1) = before, cpu_seconds()
   result = (loop_curves.from_tunix(os.path.join(where, "tunix.json")) if SIDES[side] is None
@@ -169,6 +169,8 @@ def main(argv=None):
   ap.add_argument("--lrs", type=float, nargs="*", default=list(LRS), help="tune: these of LRS only")
   ap.add_argument("--workdir", default=WORKDIR)
   ap.add_argument("--out", default=os.path.join(WORKDIR, "report"))
+  ap.add_argument("--compile_cache", help="JAX's persistent compilation cache for every run (both sides): a second "
+                  "run in the same cache starts without compiling; use its own --workdir")
   args = ap.parse_args(argv)
   from benchmarks import ceiling
   print(f"cpu: {ceiling.cpu_description()}; CPUs {sorted(os.sched_getaffinity(0))}; load {os.getloadavg()}",
@@ -176,16 +178,17 @@ def main(argv=None):
   if args.stage == "report":
     return print(report(args.workdir, args.out))
   warm, data = prepare(args.workdir)
+  env = {"JAX_COMPILATION_CACHE_DIR": os.path.abspath(args.compile_cache)} if args.compile_cache else {}
   for side in args.sides:
     if args.stage == "tune":
       for lr in args.lrs:
-        r = run(args.workdir, side, lr, 0, warm, data)
+        r = run(args.workdir, side, lr, 0, warm, data, env)
         print(f"[loop_bench] {side} lr {lr:g}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
               f"load {os.getloadavg()}", flush=True)
     else:
       lr = picked_lr(args.workdir, side)
       for seed in (1, 2) if lr is not None else ():
-        r = run(args.workdir, side, lr, seed, warm, data)
+        r = run(args.workdir, side, lr, seed, warm, data, env)
         print(f"[loop_bench] {side} lr {lr:g} seed {seed}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
               f"load {os.getloadavg()}", flush=True)
 
