@@ -95,20 +95,22 @@ def _saved_steps(workdir) -> list[int]:
   return list(checkpoint_files.step_dirs(checkpoint_files.absolute(workdir / assemble.WARMSTART_CHECKPOINTS))[0])
 
 
-def test_sigterm_in_the_warm_start_exits_0_and_the_same_command_resumes_it(tmp_path):
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 0),
+                                         pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
+def test_a_signal_in_the_warm_start_exits_cleanly_and_the_same_command_resumes_it(tmp_path, signum, code):
   proc, seen = _cli(tmp_path), []
   for line in proc.stdout:  # the warm start's first progress line: it is training
     seen.append(line)
     if "warm start: step" in line:
       break
   sent = time.time()
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   out = "".join(seen) + proc.communicate(timeout=300)[0]
-  waited = time.time() - sent
-  assert proc.returncode == 0, out[-3000:]
-  assert out.count("SIGTERM received: finishing the step in flight") == 1, out[-3000:]
-  assert "run stopped by SIGTERM in the warm start" in out and "Traceback" not in out, out[-3000:]
-  assert waited < 30, waited
+  waited, name = time.time() - sent, signal.Signals(signum).name
+  assert proc.returncode == code, out[-3000:]
+  assert out.count(f"{name} received: finishing the step in flight") == 1, out[-3000:]
+  assert f"run stopped by {name} in the warm start" in out and "Traceback" not in out, out[-3000:]
+  assert waited < 30, waited  # a pod's default grace period (GKE, SLURM)
   saved = _saved_steps(tmp_path)
   assert len(saved) == 1 and 0 < saved[0] < 40, saved
   assert not (tmp_path / "checkpoints").is_dir() or not os.listdir(tmp_path / "checkpoints")  # no RL step yet
