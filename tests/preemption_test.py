@@ -88,10 +88,10 @@ def _signal_in_final_eval(run, signum=signal.SIGTERM):
   the window evals run in the sampler's thread)."""
   evaluate = run.evaluate
 
-  def signal_then_evaluate(params):
+  def signal_then_evaluate(params, **where):  # where: the eval's step (its generations' directory)
     if threading.current_thread() is threading.main_thread():
       os.kill(os.getpid(), signum)
-    return evaluate(params)
+    return evaluate(params, **where)
   run.evaluate = signal_then_evaluate
   return run
 
