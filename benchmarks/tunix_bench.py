@@ -150,7 +150,7 @@ def bench_sampling(pythons, checkpoint, tmp, batch, args):
   prompts = np.random.default_rng(batch).integers(1, args.vocab, (batch, args.prompt_length))
   data = os.path.join(tmp, f"prompts_{batch}.npz")
   np.savez(data, prompts=prompts)
-  extra = ["--new_tokens", str(args.new_tokens), "--malloc", args.malloc]
+  extra = ["--new_tokens", str(args.new_tokens), "--malloc", args.malloc, "--dtype", args.dtype]
   workers = {side: Worker(pythons[side], side, "sample", checkpoint, data, extra) for side in ("ours", "tunix")}
   times = {"ours": [], "tunix": []}
   for r in range(args.repeats):
@@ -189,6 +189,8 @@ def main(argv=None):
   ap.add_argument("--batches", type=int, nargs="*", default=[1, 16, 64])
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--prompt_length", type=int, default=8)
+  ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                  help="sampling: both sides' weights (and so their KV caches) in this dtype")
   ap.add_argument("--repeats", type=int, default=5, help="alternating sampling runs per side and batch")
   ap.add_argument("--skip_train", action="store_true")
   ap.add_argument("--train_shape", type=int, nargs=3, default=[2, 4, 256], metavar=("B", "G", "T"))
@@ -254,15 +256,17 @@ def main(argv=None):
   rows = [(w, u, s, o and o / top, t and t / top) for w, u, s, o, t in rows]
   table = markdown_table(rows)
   gbps = roofline.read_gbps()
-  floors = [(b, roofline.floors(roofline.decode_bytes(config, b, context), b * decode_flops, b, gbps,
+  nbytes = 2 if args.dtype == "bfloat16" else 4
+  floors = [(b, roofline.floors(roofline.decode_bytes(config, b, context, nbytes, nbytes), b * decode_flops, b, gbps,
                                 peak_flops["jax"]), s["ours"], s["tunix"]) for b, s in sampled]
-  table += (f"\n\nRoofline (float32 weights and cache; read {gbps:.1f} GB/s, XLA's best matmul "
+  table += (f"\n\nRoofline ({args.dtype} weights and cache; read {gbps:.1f} GB/s, XLA's best matmul "
             f"{peak_flops['jax']:.1f} GFLOP/s; benchmarks/roofline.py):\n\n" + roofline.markdown(floors))
   with open("/proc/loadavg") as f:
     load = f.read().split()[:3]
   header = (f"cpu: {ceiling.cpu_description()}; load average {' '.join(load)} at the end\n"
             f"compute ceiling (best f32 matmul): jax {peak_flops['jax']:.1f}, torch {peak_flops['torch']:.1f} "
-            f"GFLOP/s\n{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}, float32; "
+            f"GFLOP/s\n{args.width} Qwen3, {config.num_layers} layers, vocab {config.vocab_size}, float32 checkpoint, sampled "
+            f"in {args.dtype}; "
             f"malloc: {args.malloc}; our logits in the backward: "
             f"{'kept' if args.keep_logits else 'recomputed' if args.recompute_logits else 'the default'}")
   print(header, table, *notes, sep="\n")

@@ -53,16 +53,16 @@ def ours_train_batch(data: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ ours
-def ours_model(checkpoint):
+def ours_model(checkpoint, dtype="float32"):
   from oapl_jax import parallel
   from oapl_jax.models import factory
-  return factory.load_pretrained(checkpoint, parallel.Layout.single_device())
+  return factory.load_pretrained(checkpoint, parallel.Layout.single_device(), param_dtype=dtype, dtype=dtype)
 
 
 def ours_sample(args, prompts):
   from benchmarks import sampler_bench
   from oapl_jax.sampler import core
-  model, params = ours_model(args.checkpoint)
+  model, params = ours_model(args.checkpoint, args.dtype)  # weights and compute (the KV cache too) in args.dtype
   sampler = core.Sampler(model, num_slots=len(prompts), max_prefill_length=max(16, len(prompts[0])),
                          max_new_tokens=args.new_tokens)
   sampler.refresh(params)
@@ -125,7 +125,7 @@ class IdsTokenizer:
     return 0
 
 
-def tunix_model(checkpoint):
+def tunix_model(checkpoint, dtype="float32"):
   """(Tunix Qwen3 loaded by its safetensors loader, its config, a 1x1 (fsdp, tp) mesh)."""
   import jax
   import jax.numpy as jnp
@@ -138,17 +138,18 @@ def tunix_model(checkpoint):
       num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
       hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=hf["head_dim"],
       num_kv_heads=hf["num_key_value_heads"], rope_theta=int(rope), norm_eps=hf["rms_norm_eps"],
-      use_tied_embedding=hf.get("tie_word_embeddings", False))
+      use_tied_embedding=hf.get("tie_word_embeddings", False), dtype=jnp.dtype(dtype), param_dtype=jnp.dtype(dtype))
+  # compute and KV cache (its sampler's cache takes config.dtype) in `dtype` too, as ours
   mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                        devices=jax.devices()[:1])
   with mesh:
-    model = qwen3_params.create_model_from_safe_tensors(checkpoint, config, mesh, dtype=jnp.float32)
+    model = qwen3_params.create_model_from_safe_tensors(checkpoint, config, mesh, dtype=jnp.dtype(dtype))
   return model, config, mesh
 
 
 def tunix_sample(args, prompts):
   from tunix.generate import sampler as sampler_lib
-  model, config, mesh = tunix_model(args.checkpoint)
+  model, config, mesh = tunix_model(args.checkpoint, args.dtype)
   P, N = len(prompts[0]), args.new_tokens
   sampler = sampler_lib.Sampler(model, IdsTokenizer(), sampler_lib.CacheConfig(
       cache_size=P + N, num_layers=config.num_layers, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim))
@@ -235,6 +236,7 @@ def main(argv=None):
   ap.add_argument("--checkpoint", required=True)
   ap.add_argument("--data", help="train/logps: tunix_bench.grpo_batch's .npz; sample: its prompts")
   ap.add_argument("--new_tokens", type=int, default=128)
+  ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="sample: the weights' dtype")
   ap.add_argument("--steps_per_sync", type=int, default=16)
   ap.add_argument("--out", help="logps: where the .npy goes")
   ap.add_argument("--keep_logits", action="store_true",
