@@ -3,7 +3,9 @@ off-by-one) against Tunix 0.1.7's GRPO learner, on the demo's task from one warm
 
     taskset -c 1 .venv/bin/python -m benchmarks.loop_bench --stage tune      # each side at 3 lrs, seed 0
     taskset -c 1 .venv/bin/python -m benchmarks.loop_bench --stage seeds     # seeds 1, 2 at each side's picked lr
-    .venv/bin/python -m benchmarks.loop_bench --stage report --out docs/loop_bench   # table + PNG (no runs)
+    .venv/bin/python -m benchmarks.loop_bench --stage report --out runs/loop_bench/report   # table + PNG (no runs)
+    ... --workdir runs/loop_bench_cache --compile_cache runs/loop_bench_cache/jax_cache   # warm start-up: seed 0
+        fills JAX's persistent cache (both sides), seeds 1 and 2 start from it
 
 The warm start is the demo's (configs/arithmetic.py, made once by apps/sweep_warmstart into WORKDIR/warmstart,
 with the character tokenizer written beside it as tokenizer.json); each library loads it with its own loader.
