@@ -35,12 +35,13 @@ def test_a_runs_summary_has_the_phase_table_and_no_thread_exceeds_the_wall(tmp_p
     wall, tables = _tables(f.read())
   assert set(tables) == {"trainer", "sampler"}
   assert TRAINER_PHASES <= set(tables["trainer"]) and SAMPLER_PHASES <= set(tables["sampler"])
-  for thread, phases in tables.items():
-    timed = sum(s for p, s in phases.items() if p != "other")
-    assert 0 < timed <= wall + 0.02, (thread, timed, wall)  # 2 decimals printed per row
-    assert abs(phases["other"] - (wall - timed)) < 0.05, (thread, phases)
+  assert all(phases["other"] >= 0 for phases in tables.values()), tables
   with open(os.path.join(tmp_path, "summary.json")) as f:
-    recorded = json.load(f)
+    recorded = json.load(f)  # the same numbers unrounded: the property holds exactly
+  assert abs(recorded["loop_seconds"] - wall) <= 0.05
+  for thread, phases in recorded["phase_seconds"].items():
+    assert set(phases) == set(tables[thread]) - {"other"}
+    assert 0 < sum(phases.values()) <= recorded["loop_seconds"], (thread, phases)
   assert recorded["phase_seconds"]["trainer"]["eval"] > 0 and recorded["loop_seconds"] <= recorded["wall_seconds"] + 0.1
   compiled = recorded["compile_seconds"]["trainer"]  # a fresh process compiles the step inside its dispatch
   assert 0 < compiled["train step: dispatch"] <= recorded["phase_seconds"]["trainer"]["train step: dispatch"]
