@@ -10,8 +10,13 @@ import numpy as np
 
 from experiments import paired_stats, results, tuning
 
-SPIKE_FACTOR = 5.0  # a grad-norm spike: a step's grad norm above this many times the run's median (over the
-# steps with a gradient: a batch whose groups all have equal rewards has none)
+SPIKE_FACTOR = 5.0  # a grad-norm spike: a step's grad norm above this many times the run's median over the
+# steps with a reward signal (a batch whose groups all have equal rewards has next to no gradient)
+
+
+def _spikes(grad: np.ndarray, all_equal: np.ndarray) -> int:
+  signal = grad[all_equal < 1.0] if all_equal.size == grad.size else grad[grad > 0]
+  return int(np.sum(signal > SPIKE_FACTOR * np.median(signal))) if signal.size else 0
 
 
 def _values(r: results.RunResult, key: str) -> np.ndarray:
@@ -89,7 +94,7 @@ def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[floa
       collapsed=test < warm_test_pass1,
       drift_max=float(drift.max()) if drift.size else float("nan"),
       drift_window_end=float(np.mean(window_end)) if window_end else float("nan"),
-      grad_spikes=int(np.sum(grad > SPIKE_FACTOR * np.median(grad[grad > 0]))) if np.any(grad > 0) else 0,
+      grad_spikes=_spikes(grad, _values(r, "train/frac_groups_all_equal_reward")),
       skipped=int(np.sum(_values(r, "train/update_skipped"))), knob=knob, tis_weight=tis,
       refresh_seconds=float(np.median(_values(r, "sampler/refresh_seconds"))), **timing)
 

@@ -84,6 +84,7 @@ def test_run_stats_from_a_hand_made_history():
   for s in range(steps):
     history.append({"step": s, "train/seq_log_ratio_abs_mean": drift[s], "train/grad_norm": grad[s],
                     "train/update_skipped": 0.0, "train/log_ratio_abs_mean": drift[s], "train/advantage_std": 0.5,
+                    "train/frac_groups_all_equal_reward": 1.0 if grad[s] == 0 else 0.5,
                     "train/tokens": 30.0, "train/tokens_per_second": 300.0, "rollout/seconds": 0.2,
                     "sampler/refresh_seconds": 0.01})
   arm = lag_plan.arm("oapl", lag)
