@@ -123,7 +123,8 @@ def _stopped_run(workdir, loss):
   config = tiny_config(num_syncs=3)
   config.trainer.loss = loss
   return ns(settings=assemble.loop_settings(schema.from_config(config)), hooks=[],
-            meta=ns(syncs_done=1), sampler=ns(snapshot_version=1), monitor=HealthMonitor(MonitorConfig()),
+            meta=ns(syncs_done=1, snapshot_version=1), sampler=ns(snapshot_version=1),
+            monitor=HealthMonitor(MonitorConfig()),
             reporter=reporting.Reporter(workdir, total_steps=15), checkpointer=ns(directory="checkpoints"))
 
 
