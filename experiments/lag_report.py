@@ -28,6 +28,10 @@ def _ci(mean: float, low: float, high: float) -> str:
   return f"{_fmt(mean)} [{_fmt(low)}, {_fmt(high)}]" if not math.isnan(low) else _fmt(mean)
 
 
+def _by_loss(stats: list[lag_stats.RunStats], lag: int) -> dict[str, lag_stats.Summary]:
+  return {loss: lag_stats.summarize([x for x in stats if x.loss == loss and x.lag == lag]) for loss in ("oapl", "grpo")}
+
+
 def load(runs_dir: str, cells: list[plan.Cell]) -> tuple[dict[tuple[str, int], list[results.RunResult]], dict]:
   """({(loss, lag): finished runs}, {cell name: its summary.json})."""
   out: dict[tuple[str, int], list[results.RunResult]] = {}
@@ -141,7 +145,7 @@ def write(task: lag_plan.LagTask, study: plan.Study, runs_dir: str, out_dir: str
            "| L | OAPL | GRPO | OAPL - GRPO (paired) | sign-flip p | collapsed OAPL / GRPO | largest drift OAPL / "
            "GRPO (nats) | grad-norm spikes OAPL / GRPO |", "|---|---|---|---|---|---|---|---|"]
   for lag in lags:
-    s = {loss: lag_stats.summarize([x for x in stats if x.loss == loss and x.lag == lag]) for loss in ("oapl", "grpo")}
+    s = _by_loss(stats, lag)
     d = lag_stats.paired_difference(stats, lag)
     lines.append(f"| {lag} | {_ci(s['oapl'].mean, s['oapl'].ci_low, s['oapl'].ci_high)} (n={s['oapl'].n}) | "
                  f"{_ci(s['grpo'].mean, s['grpo'].ci_low, s['grpo'].ci_high)} (n={s['grpo'].n}) | "
@@ -156,7 +160,7 @@ def write(task: lag_plan.LagTask, study: plan.Study, runs_dir: str, out_dir: str
             "| L | OAPL drift at a window's end (nats) | OAPL beta2 share: beta2 x drift / advantage spread | "
             "GRPO drift at a window's end | GRPO clip fraction | GRPO mean TIS weight |", "|---|---|---|---|---|---|"]
   for lag in lags:
-    s = {loss: lag_stats.summarize([x for x in stats if x.loss == loss and x.lag == lag]) for loss in ("oapl", "grpo")}
+    s = _by_loss(stats, lag)
     lines.append(f"| {lag} | {_fmt(s['oapl'].drift_window_end)} | {_fmt(s['oapl'].knob)} | "
                  f"{_fmt(s['grpo'].drift_window_end)} | {_fmt(s['grpo'].knob)} | {_fmt(s['grpo'].tis_weight)} |")
   lines += [""] + generations_lines(runs)
