@@ -9,7 +9,23 @@ Variants: 'arithmetic' (task A: the demo's slip-fix addition, configs/arithmetic
 start: 1000 steps on a teacher that slips on 85% of the demonstrations), 'hard_tail' (task B: the same
 addition, the teacher always wrong on the problems whose first operand is odd: experiments/hard_tail_task.py),
 each optionally ',digits3' (3-digit addition, slip 0.5, a 3000-step warm start: off the ceiling) and ',smoke'
-(CI size). The report's per-cell commands give every override.
+(CI size); 'chain' (task C, optionally ',smoke': oapl_jax/tasks/chain_task.py, a running sum of CHAIN_TERMS
+terms of CHAIN_DIGITS digits written step by step, "37+58+12=" -> "37+58=95;95+12=107;#107", only the final
+answer graded; its teacher slips by +1 at one step and carries the wrong total on). The report's per-cell
+commands give every override.
+
+Why the chain's numbers: 3 two-digit terms keep a response at 14-26 tokens (chain_task.max_completion_len: 26 with
+eos; the prompt is at most 10 with bos), about 4x the addition's, so a run's CPU time stays a few minutes; the
+sampler's and eval's max_new_tokens are that longest completion and max_prefill_length that longest prompt
+(computed, not typed: a truncated answer scores 0). The same tiny model (the chain tokenizer has 32 ids, the
+model's vocab_size), the same B x G, S, L and split sizes as 'arithmetic' (128 validation / 256 test prompts).
+The teacher's slip rate and the warm start's length put the warm-started policy off the ceiling and the floor:
+slip 0.7 spreads over two steps, so a policy that learned the teacher exactly would, at the eval's T = 0.6, be
+right about (0.65^(1/0.6) / (0.65^(1/0.6) + 0.35^(1/0.6)))^2 = 0.54 of the time (0.85, the addition's rate,
+would give 0.39 before any arithmetic error); 1500 steps (batch 128, lr 3e-3 cosine: 47 passes over the 4096
+demonstrations, train nll 0.013 at the end, so the train set's slips are memorized, not a slip rate) gave
+validation pass@1 0.373 and test pass@1 0.379 (test pass@32 0.50: a low-entropy start) in 1014 s on one shared
+core (0.7 s/step). Measured once, not swept: the first guess landed in the 0.2-0.6 band.
 
 The defaults here are OAPL at lag L = 50 for S = 300 trainer steps: each step draws B = 4 prompts x G = 8
 responses from a chunk generated for it (32 generations per step), the teacher slipping on 85% of the
@@ -26,12 +42,17 @@ import os
 
 from ml_collections import ConfigDict
 
+from oapl_jax.tasks import chain_task
+
 STEPS = 300  # S: trainer steps per run (round 3; round 2, reports/claims_arithmetic, ran 200)
 LAG = 50  # OAPL's main lag (the paper's L)
 LONG_LAG = 100  # claim 3: L = 100 against L = 50, three windows at L = 100
 BATCH_PROMPTS = 4  # round 3: 4 prompts x 8 per step (round 2's 8 put GRPO at 0.95 by step 100: the ceiling)
 DIGITS3_SLIP_RATE = 0.5  # ',digits3': 3-digit addition, a teacher slipping on half the demonstrations,
 DIGITS3_WARMSTART_STEPS = 3000  # and a longer warm start (validation pass@1 0.41 after it)
+CHAIN_TERMS, CHAIN_DIGITS = 3, 2  # 'chain': 3 two-digit terms, two "a+b=c;" steps, responses of 14-26 tokens
+CHAIN_SLIP_RATE = 0.7  # 'chain': the teacher slips on 70% (a learned teacher at T = 0.6 would give about 0.54)
+CHAIN_WARMSTART_STEPS = 1500  # 'chain': validation pass@1 0.373, test 0.379 (pass@32 0.50) after it, 1014 s
 SLIP_RATE = 0.85  # round 3: the teacher slips on 85% of the demonstrations (round 2: the demo's 0.7)
 EVAL_EVERY_STEPS = 10  # the current policy's validation pass@1 and entropy on this step grid
 
@@ -46,16 +67,22 @@ def _arithmetic_demo_config() -> ConfigDict:
 
 def get_config(arg: str = "arithmetic") -> ConfigDict:
   parts = set(arg.split(",")) - {""}
-  tasks = (parts & {"arithmetic", "hard_tail"}) or {"arithmetic"}
-  if len(tasks) != 1 or parts - {"arithmetic", "hard_tail", "digits3", "smoke"}:
+  tasks = (parts & {"arithmetic", "hard_tail", "chain"}) or {"arithmetic"}
+  if len(tasks) != 1 or parts - {"arithmetic", "hard_tail", "chain", "digits3", "smoke"} or \
+      {"chain", "digits3"} <= parts:
     raise ValueError(f"configs/claims.py: unknown variant {arg!r}; expected 'arithmetic' (the default) or "
-                     f"'hard_tail', optionally ',digits3' and ',smoke'")
+                     f"'hard_tail', optionally ',digits3' and ',smoke', or 'chain', optionally ',smoke'")
   task = tasks.pop()
   smoke = "smoke" in parts
   c = _arithmetic_demo_config()  # the demo's tiny model, task, teacher (slip 0.7) and 1000-step warm start
   base = c.task
   base.teacher_slip_rate = SLIP_RATE
-  if task == "arithmetic":  # held-out: 128 validation (chosen on), 256 test (reported)
+  if task == "chain":  # the chain task, held out as 'arithmetic': 128 validation, 256 test
+    base = ConfigDict(dict(name="oapl_jax.tasks.chain_task:from_config", num_terms=CHAIN_TERMS,
+                           num_digits=CHAIN_DIGITS, num_train=4096, num_held_out=384, seed=0,
+                           teacher_slip_rate=CHAIN_SLIP_RATE))
+    c.task = ConfigDict(dict(name="experiments.split_task:from_config", base=base, num_val=128, num_test=256))
+  elif task == "arithmetic":  # held-out: 128 validation (chosen on), 256 test (reported)
     base.num_held_out = 384
     c.task = ConfigDict(dict(name="experiments.split_task:from_config", base=base, num_val=128, num_test=256))
   else:  # per half: 64 validation, 64 test (pass@k to k = 256 at the end)
@@ -76,6 +103,11 @@ def get_config(arg: str = "arithmetic") -> ConfigDict:
     c.warmstart.steps = DIGITS3_WARMSTART_STEPS  # 1000 steps left pass@1 at 0.04 and GRPO flat for 180 steps
     c.sampler.update(max_prefill_length=10, max_new_tokens=7)
     c.eval.max_new_tokens = 7
+  if task == "chain":  # answers of up to chain_task.max_completion_len tokens, prompts of bos + "a+b+c="
+    longest = chain_task.max_completion_len(CHAIN_TERMS, CHAIN_DIGITS)
+    c.sampler.update(max_prefill_length=1 + CHAIN_TERMS * (CHAIN_DIGITS + 1), max_new_tokens=longest)
+    c.eval.max_new_tokens = longest
+    c.warmstart.steps = CHAIN_WARMSTART_STEPS
   if smoke:  # CI: seconds per run; S = 4 steps, lag 2
     c.warmstart.update(steps=5, batch_size=32)
     c.sampler.update(grow_cache=False, num_slots=32)  # one decode compile instead of one per cache length

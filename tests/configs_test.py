@@ -134,3 +134,36 @@ def test_an_absent_checkpoint_is_read_as_the_preset_its_name_names(directory, pr
       factory.architecture(spec, preset_when_absent=True)
   else:
     assert factory.architecture(spec, preset_when_absent=True) == families.preset(preset)
+
+
+@pytest.mark.parametrize("arg", ["chain", "chain,smoke"])
+def test_claims_chain_variant_fits_its_longest_demonstration(arg):
+  """configs/claims.py:chain builds (the study's own preflight), its answers fit the sampler and eval budgets (a
+  truncated answer scores 0), its tokenizer fits the model, and its split and run shape are the study's."""
+  from configs import claims
+  from experiments import task_config
+  from oapl_jax.run import schema
+  from oapl_jax.tasks import chain_task
+  assert task_config.preflight(f"configs/claims.py:{arg}", {}) == []
+  rc = schema.from_config(claims.get_config(arg))
+  check.check(rc)
+  task, tests = task_config.task_and_tests(rc.task)
+  demos = task.demonstrations(rc.seed)
+  wrong = [chain_task.score(task.tokenizer.decode(d.completion_tokens), p.answer) == 0 for d, p in zip(demos, task.train)]
+  assert abs(sum(wrong) / len(wrong) - claims.CHAIN_SLIP_RATE) < 0.1  # the imperfect teacher: that share slips
+  longest = max(len(d.completion_tokens) for d in demos)
+  budget = chain_task.max_completion_len(claims.CHAIN_TERMS, claims.CHAIN_DIGITS)
+  assert longest <= budget == rc.sampler.max_new_tokens == rc.eval.max_new_tokens
+  prompts = [p.prompt_tokens for p in [*task.train, *task.eval_sets["val"], *tests["test"]]]
+  assert max(map(len, prompts)) <= rc.sampler.max_prefill_length
+  assert rc.sampler.max_prefill_length + budget <= rc.model.overrides["max_position_embeddings"]
+  assert task.tokenizer.vocab_size <= rc.model.overrides["vocab_size"]
+  val, test = task.eval_sets["val"], tests["test"]
+  assert not {p.prompt for p in val} & {p.prompt for p in test}
+  assert not {p.prompt for p in task.train} & {p.prompt for p in [*val, *test]}
+  if "smoke" not in arg:
+    assert (len(val), len(test)) == (128, 256)
+    arithmetic = claims.get_config("arithmetic")  # the study's shape: B x G, S and L as the other variants
+    for key in ("batch_prompts", "group_size", "sync_every", "num_syncs", "steps_per_rollout"):
+      assert rc.loop.__getattribute__(key) == arithmetic.loop[key], key
+  task.close()
