@@ -184,10 +184,14 @@ def main(argv=None) -> int:
   p.add_argument("--smoke", action="store_true", help="the study's smoke sizes (a 5-step warm start, 8 eval prompts)")
   p.add_argument("--set", action="append", default=[], help="key=value for every arm")
   p.add_argument("--warm", help="the warm start's directory (default runs/ab/<task>/warm_<key>/warmstart)")
+  p.add_argument("--steps", type=int, help="S, every arm's trainer steps (default the study's); a lag must divide it")
   p.add_argument("--metrics", default="test/pass@1,val_auc,val_entropy,test/pass@8,generations,refreshes,wall_seconds")
   args = p.parse_args(argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  study = plan.make_study(None if args.config else "arithmetic", args.config, smoke=args.smoke)
+  # --set reshapes the study itself (as experiments.study's --set): its batch B sizes every arm's chunks
+  shared = dict(parse_arm("shared " + " ".join(args.set))[1])
+  study = plan.make_study(None if args.config else "arithmetic", args.config, smoke=args.smoke, steps=args.steps,
+                          sets=shared)
   try:
     task_config.preflight(study.config, dict(plan.shape_overrides(study)))
   except task_config.ConfigRefused as e:
@@ -196,7 +200,6 @@ def main(argv=None) -> int:
   out = os.path.abspath(os.path.expanduser(args.out))
   warm_dir = os.path.abspath(os.path.expanduser(args.warm)) if args.warm else \
       claims.warm_dir_of(os.path.join(plan.REPO, "runs", "ab"), study)
-  shared = dict(parse_arm("shared " + " ".join(args.set))[1])
   arms, shapes = {}, {}
   for text in args.arm:
     name, sets = parse_arm(text)
