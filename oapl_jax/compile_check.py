@@ -61,7 +61,7 @@ from oapl_jax import batch_spec, parallel, sections, tpu_host
 from oapl_jax.models import api, factory, vocab_logprobs
 from oapl_jax.rl import trainer
 from oapl_jax.run import assemble, check as run_check, schema
-from oapl_jax.sampler import core
+from oapl_jax.sampler import buckets, core
 
 GIB, PROGRAMS = 1024 ** 3, ("train_step", "prefill", "insert", "decode")
 
@@ -389,7 +389,7 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
     try:
       sampler = assemble.build_sampler(cfg, model, placement.sampler)
       jitted = {"prefill": sampler._prefill, "insert": sampler._insert, "decode": sampler._decode}
-      inputs = sampler_inputs(sampler, prefill_rows=core.pow2(-(-sampler.num_slots // loop.group_size)))
+      inputs = sampler_inputs(sampler, prefill_rows=buckets.pow2(-(-sampler.num_slots // loop.group_size)))
       for name in sampler_programs:
         report(name, lambda name=name: compile_memory(lambda: (jitted[name], inputs[name]), sampler.layout.context(),
                                                       compiler_options).with_host_trips(1))
