@@ -248,6 +248,18 @@ def required_bytes_from_error(message: str) -> Optional[int]:
   return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")) if m else None
 
 
+@contextlib.contextmanager
+def _without_persistent_cache():
+  """JAX's persistent compilation cache off for one compile: an ahead-of-time program for a TPU topology (no client
+  here) cannot be read back from it (every hit warns and recompiles), and a measurement is not a result to keep."""
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", before)
+
+
 def compile_memory(build, context=None, compiler_options: Optional[dict] = None) -> Memory:
   """Lower and compile `build()` = (jitted, abstract args); the program's per-device memory. A failure
   is a finding: an out-of-memory one carries the total the compiler asked for, any other its message.
@@ -257,7 +269,8 @@ def compile_memory(build, context=None, compiler_options: Optional[dict] = None)
     with context or contextlib.nullcontext():
       jitted, args = build()
       lowered = jitted.lower(*args)
-    compiled = lowered.compile(compiler_options=compiler_options)
+    with _without_persistent_cache():
+      compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # noqa: BLE001
     message = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]
     return Memory(total=required_bytes_from_error(str(e)) or 0, error=message, seconds=time.perf_counter() - start)

@@ -53,17 +53,23 @@ def _history(workdir):
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.slow
-def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
-  seen_versions = []
+def _buffer_versions(monkeypatch) -> list[tuple[int, set]]:
+  """(the buffer's version, the versions it held) at every draw the trainer makes, filled as the run goes."""
+  seen = []
   original_sample = RolloutBuffer.sample
 
   def spy(self, *args, **kwargs):
     batch = original_sample(self, *args, **kwargs)
-    seen_versions.append((self.version, self.versions()))
+    seen.append((self.version, self.versions()))
     return batch
 
   monkeypatch.setattr(RolloutBuffer, "sample", spy)
+  return seen
+
+
+@pytest.mark.slow
+def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
+  seen_versions = _buffer_versions(monkeypatch)
   run = assemble.setup(tiny_config(), str(tmp_path))
   summary = loop.train(run)
   start, end = summary["eval/held_out/pass@1 (start)"], summary["eval/held_out/pass@1 (end)"]
@@ -83,15 +89,7 @@ def test_each_window_trains_on_its_own_snapshot_and_ends_in_a_checkpoint(tmp_pat
   snapshot k and every batch the trainer draws holds only that version; the snapshot is the trainer's params at
   the window's start; a checkpoint is saved at every window's end. (The JAX sampler's run of the same contract,
   which also learns: test_loop_learns_and_buffer_holds_one_version, slow.)"""
-  seen = []
-  original_sample = RolloutBuffer.sample
-
-  def spy(self, *args, **kwargs):
-    batch = original_sample(self, *args, **kwargs)
-    seen.append((self.version, self.versions()))
-    return batch
-
-  monkeypatch.setattr(RolloutBuffer, "sample", spy)
+  seen = _buffer_versions(monkeypatch)
   config = fast_config(num_syncs=3)
   config.sampler.backend = "scripted"
   config.checkpoint.max_to_keep = 10
