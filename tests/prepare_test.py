@@ -302,3 +302,17 @@ def test_a_bad_source_file_is_one_line_naming_it(tmp_path, capsys, name, content
   assert exit_info.value.code == 2 and "Traceback" not in err
   assert re.match(rf"error: {re.escape(str(path))}( line 2)?: not ", err) and len(err.strip().splitlines()) == 1, err
   assert not (tmp_path / "out" / "train.jsonl").exists()
+
+
+def test_a_missing_test_split_is_a_warning_naming_the_flag(tmp_path, capsys):
+  """Issue 55.2: one local file fills train (and dev) only; the configs evaluate on test.jsonl, so prepare says
+  which split is missing and the --source that gives it."""
+  path = tmp_path / "train.parquet"
+  _write_parquet(str(path), GSM8K_TRAIN)
+  assert prepare_app.main(["data", "gsm8k", "--source", str(path), "--out", str(tmp_path / "out")]) == 0
+  err = capsys.readouterr().err
+  assert f"warning: no test split written: the configs read {tmp_path / 'out'}/test.jsonl" in err
+  assert "--source test=PATH" in err
+  assert prepare_app.main(["data", "gsm8k", "--source", f"train={path}", "--source", f"test={path}",
+                           "--out", str(tmp_path / "both")]) == 0
+  assert "warning" not in capsys.readouterr().err
