@@ -61,7 +61,7 @@ from oapl_jax import batch_spec, parallel, sections, tpu_host
 from oapl_jax.models import api, factory, vocab_logprobs
 from oapl_jax.rl import trainer
 from oapl_jax.run import assemble, check as run_check, schema
-from oapl_jax.sampler import core
+from oapl_jax.sampler import buckets, core
 
 GIB, PROGRAMS = 1024 ** 3, ("train_step", "prefill", "insert", "decode")
 
@@ -248,6 +248,18 @@ def required_bytes_from_error(message: str) -> Optional[int]:
   return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")) if m else None
 
 
+@contextlib.contextmanager
+def _without_persistent_cache():
+  """JAX's persistent compilation cache off for one compile: an ahead-of-time program for a TPU topology (no client
+  here) cannot be read back from it (every hit warns and recompiles), and a measurement is not a result to keep."""
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", before)
+
+
 def compile_memory(build, context=None, compiler_options: Optional[dict] = None) -> Memory:
   """Lower and compile `build()` = (jitted, abstract args); the program's per-device memory. A failure
   is a finding: an out-of-memory one carries the total the compiler asked for, any other its message.
@@ -257,7 +269,8 @@ def compile_memory(build, context=None, compiler_options: Optional[dict] = None)
     with context or contextlib.nullcontext():
       jitted, args = build()
       lowered = jitted.lower(*args)
-    compiled = lowered.compile(compiler_options=compiler_options)
+    with _without_persistent_cache():
+      compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # noqa: BLE001
     message = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]
     return Memory(total=required_bytes_from_error(str(e)) or 0, error=message, seconds=time.perf_counter() - start)
@@ -389,7 +402,7 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
     try:
       sampler = assemble.build_sampler(cfg, model, placement.sampler)
       jitted = {"prefill": sampler._prefill, "insert": sampler._insert, "decode": sampler._decode}
-      inputs = sampler_inputs(sampler, prefill_rows=core.pow2(-(-sampler.num_slots // loop.group_size)))
+      inputs = sampler_inputs(sampler, prefill_rows=buckets.pow2(-(-sampler.num_slots // loop.group_size)))
       for name in sampler_programs:
         report(name, lambda name=name: compile_memory(lambda: (jitted[name], inputs[name]), sampler.layout.context(),
                                                       compiler_options).with_host_trips(1))

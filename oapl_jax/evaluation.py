@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from oapl_jax import generations, sections
-from oapl_jax.sampler import core, rollout
+from oapl_jax.sampler import api
 from oapl_jax.sampler.settings import SamplingFields, SamplingSettings
 
 SEED_OFFSET = 7919  # an eval's sampling seed is the run's seed + this (apart from the rollouts' draws)
@@ -95,7 +95,7 @@ def evaluate(sampler, params, task, problems: Sequence, *, samples: int, ks: Seq
 def evaluate_saved(sampler, params, task, problems: Sequence, *, samples: int, ks: Sequence[int],
                    settings: SamplingSettings, seed: int, save_prompts: int = 0) -> tuple[dict[str, float], list[dict]]:
   """`evaluate`'s metrics and the generations of the first `save_prompts` problems (generations.records)."""
-  groups = rollout.generate_groups(sampler, params, [p.prompt_tokens for p in problems], samples, settings, seed=seed)
+  groups = sampler.generate([p.prompt_tokens for p in problems], samples, settings, seed=seed, params=params)
   rewards_PxG, result = task.score_groups(problems, groups.response_tokens, groups.lengths)
   correct_P = (rewards_PxG > 0.5).sum(axis=-1)
   metrics = pass_at_k_mean(correct_P, samples, [k for k in ks if k <= samples])
@@ -103,7 +103,7 @@ def evaluate_saved(sampler, params, task, problems: Sequence, *, samples: int, k
       "reward_mean": float(rewards_PxG.mean()),
       "response_length": float(groups.lengths.mean()),
       "sequence_entropy": float(-groups.sequence_logp.mean()),
-      "truncated_fraction": float((groups.finish_reason == core.FINISH_LENGTH).mean()),
+      "truncated_fraction": float((groups.finish_reason == api.FINISH_LENGTH).mean()),
       "reward_failures": float(result.num_failed + result.num_timeout),
   })
   return metrics, generations.records(task, problems, groups, rewards_PxG, save_prompts)

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from oapl_jax import objectives
-from oapl_jax.sampler import core
+from oapl_jax.sampler import api
 
 TABLE_ROWS = 4  # samples in a markdown table
 CELL_CHARS = 120  # a table cell's text is cut here
@@ -34,7 +34,7 @@ def records(task, problems: Sequence, groups, rewards_PxG: np.ndarray, prompts: 
       response = task.completion_text(groups.response_tokens[p, g, :groups.lengths[p, g]])
       record = {"prompt": problems[p].prompt, "answer": problems[p].answer, "sample": g, "response": response,
                 "reward": float(rewards_PxG[p, g]),
-                "truncated": bool(groups.finish_reason[p, g] == core.FINISH_LENGTH)}
+                "truncated": bool(groups.finish_reason[p, g] == api.FINISH_LENGTH)}
       if task.reward_detail is not None:
         record["detail"] = task.reward_detail(response, problems[p].answer)
       if advantages_PxG is not None:

@@ -79,14 +79,19 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
-                ignored: frozenset[str] = RESUME_IGNORED) -> list[str]:
-  """'field: old -> new' for every leaf that differs (absent on one side shows as <absent>)."""
+                ignored: frozenset[str] = RESUME_IGNORED, defaults: Optional[Mapping[str, Any]] = None) -> list[str]:
+  """'field: old -> new' for every leaf that differs (absent on one side shows as <absent>). A field the recorded
+  config lacks and `current` holds at its value in `defaults` is none: it was added to the code since, and its
+  default is what the recorded run did."""
   old, new = flatten(plain(recorded)), flatten(plain(current))
+  added = flatten(plain(defaults)) if defaults is not None else {}
   out = []
   for key in sorted(set(old) | set(new)):
     if key in ignored:
       continue
     a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
+    if a == _ABSENT and key in added and added[key] == b:
+      continue
     if a != b:
       out.append(f"{key}: {_show(a)} -> {_show(b)}")
   return out
@@ -134,14 +139,16 @@ def recorded_config(workdir: str) -> dict | None:
       raise ValueError(f"{path} (the config this run was started with) is not valid JSON: {e}") from None
 
 
-def check_resume(workdir: str, cfg: Any, allow_changes: bool = False) -> list[str]:
-  """On a resume: compare `cfg` with the recorded config and return the differences ('field: old -> new').
+def check_resume(workdir: str, cfg: Any, allow_changes: bool = False,
+                 defaults: Optional[Mapping[str, Any]] = None) -> list[str]:
+  """On a resume: compare `cfg` with the recorded config and return the differences ('field: old -> new'; a field
+  added to the code since the record, at its value in `defaults`, is none).
   Any difference raises ConfigChanged unless `allow_changes`; then each is logged as a warning, the old
   config is kept as config.previous-N.json and the new one recorded. No recorded config: nothing to check."""
   recorded = recorded_config(workdir)
   if recorded is None:
     return []
-  found = differences(recorded, cfg)
+  found = differences(recorded, cfg, defaults=defaults)
   if found and not allow_changes:
     raise ConfigChanged(workdir, found)
   for line in found:

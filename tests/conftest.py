@@ -8,6 +8,15 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA's compiled programs kept on disk (.jax_test_cache/, shared by the xdist workers and by the commands tests
+# start, which inherit these): most of this suite's time was compiling the same tiny programs again (a loop test's
+# train step: 12 s cold, read back in well under one). A cache key is the program, the flags and the jax version,
+# so a hit is the very executable a compile would give. No size cap: the cap's eviction needs every entry's access
+# time written beside it, and a process a test kills mid-write leaves an entry without one, which stops every later
+# write; an entry read while another process writes it fails to load, and JAX then compiles (a warning).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), ".jax_test_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Entry points imported here (apps/*) keep freed host memory on CPU (oapl_jax/host_memory.py); a worker runs
 # hundreds of tests, so it keeps glibc's defaults and gives memory back between them (host_memory_test opts in).

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from oapl_jax import generations
-from oapl_jax.sampler import core
+from oapl_jax.sampler import api
 from oapl_jax.tasks import arithmetic, base
 
 
@@ -23,9 +23,9 @@ def _groups(task, responses_PxG: list[list[str]], truncated=()):
     for g in range(G):
       response_PxGxN[p, g, :len(tokens[p][g])] = tokens[p][g]
       lengths_PxG[p, g] = len(tokens[p][g])
-  finish = np.full((P, G), core.FINISH_STOP, np.int8)
+  finish = np.full((P, G), api.FINISH_STOP, np.int8)
   for p, g in truncated:
-    finish[p, g] = core.FINISH_LENGTH
+    finish[p, g] = api.FINISH_LENGTH
   return types.SimpleNamespace(response_tokens=response_PxGxN, lengths=lengths_PxG, finish_reason=finish)
 
 

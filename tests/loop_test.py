@@ -15,6 +15,7 @@ from oapl_jax.run import assemble, schema
 from oapl_jax.rl import loop, preemption
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.monitors import HealthMonitor, MonitorConfig
+from oapl_jax.sampler.scripted import fingerprint as scripted_fingerprint
 
 
 def tiny_config(**loop_overrides):
@@ -52,17 +53,23 @@ def _history(workdir):
     return [json.loads(line) for line in f]
 
 
-@pytest.mark.slow
-def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
-  seen_versions = []
+def _buffer_versions(monkeypatch) -> list[tuple[int, set]]:
+  """(the buffer's version, the versions it held) at every draw the trainer makes, filled as the run goes."""
+  seen = []
   original_sample = RolloutBuffer.sample
 
   def spy(self, *args, **kwargs):
     batch = original_sample(self, *args, **kwargs)
-    seen_versions.append((self.version, self.versions()))
+    seen.append((self.version, self.versions()))
     return batch
 
   monkeypatch.setattr(RolloutBuffer, "sample", spy)
+  return seen
+
+
+@pytest.mark.slow
+def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
+  seen_versions = _buffer_versions(monkeypatch)
   run = assemble.setup(tiny_config(), str(tmp_path))
   summary = loop.train(run)
   start, end = summary["eval/held_out/pass@1 (start)"], summary["eval/held_out/pass@1 (end)"]
@@ -77,9 +84,43 @@ def test_loop_learns_and_buffer_holds_one_version(tmp_path, monkeypatch):
     assert os.path.exists(summary[key]["curve"]) and os.path.exists(summary[key]["summary"])
 
 
-@pytest.mark.parametrize("make_config, L", [(fast_config, 2), pytest.param(tiny_config, 5, marks=pytest.mark.slow)])
-def test_resume_gives_the_same_metrics(tmp_path, make_config, L):
+def test_each_window_trains_on_its_own_snapshot_and_ends_in_a_checkpoint(tmp_path, monkeypatch):
+  """The loop's contract, window by window, on the scripted sampler (no decoding): window k's rollouts come from
+  snapshot k and every batch the trainer draws holds only that version; the snapshot is the trainer's params at
+  the window's start; a checkpoint is saved at every window's end. (The JAX sampler's run of the same contract,
+  which also learns: test_loop_learns_and_buffer_holds_one_version, slow.)"""
+  seen = _buffer_versions(monkeypatch)
+  config = fast_config(num_syncs=3)
+  config.sampler.backend = "scripted"
+  config.checkpoint.max_to_keep = 10
+  run = assemble.setup(config, str(tmp_path))
+  snapshots = []
+  refresh = run.sampler.refresh
+
+  def recording_refresh(params, **kw):
+    out = refresh(params, **kw)
+    snapshots.append((run.sampler.snapshot_version, int(run.state.step), scripted_fingerprint(out)))
+    return out
+  run.sampler.refresh = recording_refresh
+  loop.train(run)
+  assert seen and all(held == {current} for current, held in seen)
+  assert [v for v, _ in seen] == [1, 1, 2, 2, 3, 3]  # L = 2: two draws per window, each from its snapshot
+  training_calls = {v for v, _, ids in run.sampler.calls if v > 0}
+  assert training_calls == {1, 2, 3, 4}  # windows 1-3, then the final eval's refresh (4)
+  assert [(v, step) for v, step, _ in snapshots] == [(1, 0), (2, 2), (3, 4), (4, 6)]  # the params at each start
+  assert len({f for _, _, f in snapshots}) == 4  # and they moved between windows
+  steps = sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())
+  assert steps == [2, 4, 6]
+
+
+@pytest.mark.parametrize("make_config, L, backend", [(fast_config, 2, "scripted"),
+                                                     pytest.param(fast_config, 2, "jax", marks=pytest.mark.slow),
+                                                     pytest.param(tiny_config, 5, "jax", marks=pytest.mark.slow)])
+def test_resume_gives_the_same_metrics(tmp_path, make_config, L, backend):
+  """With the scripted sampler (fast) the responses still depend on the snapshot, so a resume that restored the
+  wrong sampler params, draws or data position gives other losses; the JAX sampler's runs are in `make test-all`."""
   config = make_config(num_syncs=3)
+  config.sampler.backend = backend
   config.warmstart.steps = 20
   full = str(tmp_path / "full")
   loop.train(assemble.setup(config, full))

@@ -4,6 +4,7 @@ three README commands (prepare model, prepare data, train) run as typed, with HO
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from oapl_jax.apps import prepare as prepare_app
+from oapl_jax.apps import cli, prepare as prepare_app
 from oapl_jax.prepare import data
 from oapl_jax.tasks import code_task, sources
 from oapl_jax.tasks.templates import ChatTokenizer
@@ -281,3 +282,37 @@ def test_readme_commands_train_two_steps(prepared_home):
   with open(os.path.join(home, "runs", "gsm8k", "metrics.jsonl")) as f:
     losses = [json.loads(line)["train/loss"] for line in f if "train/loss" in line]
   assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+
+
+@pytest.mark.parametrize("name, content", [
+    ("train.parquet", "truncated"), ("train.parquet", b"not parquet at all\n" * 20),
+    ("train.jsonl", b'{"question": "1+1", "answer": "#### 2"}\n{"question": "\xff\xfe", "answer": "#### 3"}\n')])
+def test_a_bad_source_file_is_one_line_naming_it(tmp_path, capsys, name, content):
+  """Issue 54.6: a truncated or foreign Parquet file and a JSONL with bytes that are not UTF-8 are refused by
+  `oapl-prepare data` in one line naming the file (exit 2), no traceback, nothing written."""
+  path = tmp_path / name
+  if content == "truncated":
+    _write_parquet(str(path), GSM8K_TRAIN)
+    path.write_bytes(path.read_bytes()[:-40])  # the footer cut off
+  else:
+    path.write_bytes(content)
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run(prepare_app.main, ["data", "gsm8k", "--source", f"train={path}", "--out", str(tmp_path / "out")])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and "Traceback" not in err
+  assert re.match(rf"error: {re.escape(str(path))}( line 2)?: not ", err) and len(err.strip().splitlines()) == 1, err
+  assert not (tmp_path / "out" / "train.jsonl").exists()
+
+
+def test_a_missing_test_split_is_a_warning_naming_the_flag(tmp_path, capsys):
+  """Issue 55.2: one local file fills train (and dev) only; the configs evaluate on test.jsonl, so prepare says
+  which split is missing and the --source that gives it."""
+  path = tmp_path / "train.parquet"
+  _write_parquet(str(path), GSM8K_TRAIN)
+  assert prepare_app.main(["data", "gsm8k", "--source", str(path), "--out", str(tmp_path / "out")]) == 0
+  err = capsys.readouterr().err
+  assert f"warning: no test split written: the configs read {tmp_path / 'out'}/test.jsonl" in err
+  assert "--source test=PATH" in err
+  assert prepare_app.main(["data", "gsm8k", "--source", f"train={path}", "--source", f"test={path}",
+                           "--out", str(tmp_path / "both")]) == 0
+  assert "warning" not in capsys.readouterr().err

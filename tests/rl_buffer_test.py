@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from oapl_jax.rl.buffer import RolloutBuffer, pack_groups
-from oapl_jax.sampler.rollout import RolloutGroups
+from oapl_jax.sampler.api import RolloutGroups
 from oapl_jax.sampler.settings import SamplingSettings
 
 

@@ -16,7 +16,7 @@ from oapl_jax.rl import offline, trainer
 from oapl_jax.run import assemble
 from oapl_jax.rl.buffer import RolloutBuffer, pack_groups
 from oapl_jax.rl.rollout_store import RolloutStore, StoreHeader, take_groups
-from oapl_jax.sampler import core, rollout
+from oapl_jax.sampler import api as sampler_api, core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks.base import Problem
 
@@ -29,11 +29,11 @@ def _header(**changes) -> StoreHeader:
   return StoreHeader(**{**values, **changes})
 
 
-def _groups(P: int, seed: int) -> tuple[rollout.RolloutGroups, np.ndarray, list[Problem]]:
+def _groups(P: int, seed: int) -> tuple[sampler_api.RolloutGroups, np.ndarray, list[Problem]]:
   """Random rollout groups as the sampler leaves them: zero past each length, varied prompt lengths."""
   rng = np.random.default_rng(seed)
   prompts = [list(rng.integers(3, 50, rng.integers(1, 5))) for _ in range(P)]
-  out = rollout.RolloutGroups.empty(prompts, 3, SETTINGS, snapshot_version=1, seed=int(rng.integers(1000)))
+  out = sampler_api.RolloutGroups.empty(prompts, 3, SETTINGS, snapshot_version=1, seed=int(rng.integers(1000)))
   out.lengths[:] = rng.integers(0, 7, (P, 3))
   live = np.arange(6) < out.lengths[..., None]
   out.response_tokens[live] = rng.integers(0, 64, live.sum())

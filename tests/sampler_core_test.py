@@ -11,7 +11,7 @@ import scipy.stats
 
 from oapl_jax import parallel
 from oapl_jax.models import api, decoder, hf
-from oapl_jax.sampler import core, rollout, sampling
+from oapl_jax.sampler import api as sampler_api, buckets, core, rollout, sampling
 from oapl_jax.sampler.sampling import sample_tokens
 from oapl_jax.sampler.settings import SamplingSettings
 from tests.hf_fixtures import make_hf_checkpoint
@@ -65,7 +65,7 @@ def _ref_logits(params, config, tokens_BxL):
 
 
 def _padded(seqs):
-  tokens = np.zeros((core.pow2(len(seqs)), L_REF), np.int32)
+  tokens = np.zeros((buckets.pow2(len(seqs)), L_REF), np.int32)
   for i, seq in enumerate(seqs):
     tokens[i, :len(seq)] = seq
   return tokens
@@ -103,7 +103,7 @@ def test_logp_matches_trainer_forward_f32(model, sampler, temperature):
       assert groups.response_mask[p, g].sum() == n and not groups.sampler_logp[p, g, n:].any()
       stopped = groups.response_tokens[p, g, n - 1] in STOPS
       assert not set(groups.response_tokens[p, g, :n - 1]) & set(STOPS)
-      assert groups.finish_reason[p, g] == (core.FINISH_STOP if stopped else core.FINISH_LENGTH)
+      assert groups.finish_reason[p, g] == (sampler_api.FINISH_STOP if stopped else sampler_api.FINISH_LENGTH)
       assert stopped or n == 12
   assert {"stop", "length"} <= set(groups.finish_reason_names.ravel())
 
@@ -282,9 +282,9 @@ def test_greedy_takes_the_first_maximum_across_blocks_and_reports_the_log_softma
 
 
 def test_cache_buckets_are_powers_of_two_and_their_three_quarters():
-  got = [core.cache_bucket(n, 1000) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129, 999)]
+  got = [buckets.cache_bucket(n, 1000) for n in (1, 16, 17, 24, 25, 33, 49, 65, 97, 129, 999)]
   assert got == [16, 16, 24, 24, 32, 48, 64, 96, 128, 192, 1000]
-  assert core.cache_bucket(200, 136) == 136  # capped at the state's max_len
+  assert buckets.cache_bucket(200, 136) == 136  # capped at the state's max_len
 
 
 def test_decoding_on_a_growing_cache_equals_decoding_on_the_full_one(sampler):

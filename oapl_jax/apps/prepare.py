@@ -35,6 +35,10 @@ def _data(args) -> int:
                          dev_size=args.dev_size, seed=args.seed)
   for w in written:
     print(f"  {w.split:5s} {w.count:7d} records  {w.path}" + (f"  ({w.note})" if w.note else ""))
+  missing = sorted({part.split for part in data.SOURCES[args.name].parts} - {w.split for w in written})
+  for split in missing:  # a local source given as one file fills train only; the configs evaluate on test.jsonl
+    print(f"warning: no {split} split written: the configs read {args.out}/{split}.jsonl; give it with "
+          f"--source {split}=PATH (the published {split} file)", file=sys.stderr)
   with open(written[0].path, encoding="utf-8") as f:
     sample = json.loads(f.readline())
   print(f"sample ({written[0].split}[0]):")

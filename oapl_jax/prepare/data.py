@@ -95,23 +95,53 @@ SOURCES = {
 
 # ------------------------------------------------------------------------------------------- reading
 def read_file(path: str) -> Iterator[dict]:
-  """The rows of a .jsonl, .json (an array, or JSON lines) or .parquet file, as dicts."""
+  """The rows of a .jsonl, .json (an array, or JSON lines) or .parquet file, as dicts. A file that cannot be read as
+  its kind (a truncated or foreign Parquet file, bytes that are not UTF-8, an array that is not JSON) is a
+  DataError naming it, as the training reader (tasks/sources.py) says of the same file."""
   if path.endswith(".parquet"):
-    import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-      yield from batch.to_pylist()
+    yield from _parquet_rows(path)
     return
-  with open(path, encoding="utf-8-sig") as f:
-    if path.endswith(".json") and f.read(64).lstrip().startswith("["):
+  with open(path, "rb") as f:
+    if path.endswith(".json") and f.read(64).lstrip().startswith(b"["):
       f.seek(0)
-      lines = enumerate(json.load(f), start=1)
+      lines = enumerate(_json_array(f.read(), path), start=1)
     else:
       f.seek(0)
-      lines = ((n, _json_line(line, path, n)) for n, line in enumerate(f, start=1) if line.strip())
+      lines = ((n, _json_line(_utf8(raw, path, n), path, n)) for n, raw in enumerate(f, start=1) if raw.strip())
     for n, row in lines:
       if not isinstance(row, dict):
         raise DataError(f"{path} record {n}: expected a JSON object, got {type(row).__name__}")
       yield row
+
+
+def _utf8(raw: bytes, path: str, lineno: int) -> str:
+  try:
+    return raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path} line {lineno}: not UTF-8 text (invalid byte {raw[e.start:e.start + 1]!r} at "
+                    f"column {e.start + 1}): is it the file you meant?") from None
+
+
+def _json_array(raw: bytes, path: str) -> list:
+  try:
+    return json.loads(raw.decode("utf-8-sig"))
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not UTF-8 text (invalid byte at offset {e.start}): is it the file you meant?") from None
+  except json.JSONDecodeError as e:
+    raise DataError(f"{path}: malformed JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+
+def _parquet_rows(path: str) -> Iterator[dict]:
+  import pyarrow as pa  # pylint: disable=import-outside-toplevel
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  try:
+    batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+    for batch in batches:
+      yield from batch.to_pylist()
+  except (pa.ArrowException, OSError, ValueError) as e:
+    if isinstance(e, FileNotFoundError):
+      raise
+    raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def _json_line(line: str, path: str, lineno: int):

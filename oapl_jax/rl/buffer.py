@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from oapl_jax.sampler.rollout import RolloutGroups
+from oapl_jax.sampler.api import RolloutGroups
 
 
 def pack_sequences(prompts, responses, response_logps, seq_len: int) -> dict[str, np.ndarray]:

@@ -2,7 +2,7 @@
 the last k = round(demo_fraction x G) samples are replaced by demonstrations of that prompt before the group is
 scored, so each is rewarded by the task like any response and enters V*(x) and the regression with its group.
 
-Their pi_sampler log-probs are the frozen snapshot's own (core.Sampler.score at the rollout temperature), as
+Their pi_sampler log-probs are the frozen snapshot's own (the sampler's `score` at the rollout temperature), as
 the sampled responses' are: OAPL's regression target beta2 * log(pi / pi_sampler) stays anchored to the
 snapshot that made the window's data. Which demonstration fills a slot is drawn from (seed, version, chunk),
 so a resumed run mixes the same ones. The paper names this as future work (OAPL, §6).
@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from oapl_jax.sampler import core
-from oapl_jax.sampler.rollout import RolloutGroups
+from oapl_jax.sampler import api
+from oapl_jax.sampler.api import RolloutGroups
 from oapl_jax.tasks.base import Demonstration
 
 
@@ -37,7 +37,7 @@ class DemoMixer:
                        f"{max_new_tokens}")
     return cls(max(1, round(fraction * group_size)), temperature, by_prompt, as_sft)
 
-  def mix(self, sampler: core.Sampler, groups: RolloutGroups, rng: np.random.Generator) -> list[tuple[int, int]]:
+  def mix(self, sampler: api.GroupSampler, groups: RolloutGroups, rng: np.random.Generator) -> list[tuple[int, int]]:
     """Replaces samples of `groups` in place (tokens, mask, lengths, finish reason, sampler log-probs);
     returns the (prompt, sample) slots replaced."""
     P, G, N = groups.response_tokens.shape
@@ -61,7 +61,7 @@ class DemoMixer:
       groups.sampler_logp[p, g] = 0.0
       groups.sampler_logp[p, g, :n] = logp
       groups.lengths[p, g] = n
-      groups.finish_reason[p, g] = core.FINISH_STOP
+      groups.finish_reason[p, g] = api.FINISH_STOP
     return slots
 
   def chunk_fields(self, slots: list[tuple[int, int]], groups: RolloutGroups) -> dict[str, np.ndarray]:

@@ -299,10 +299,8 @@ def _restore_snapshot(run: Online, step: int) -> None:
   """A save inside a window: the sampler gets that window's snapshot back, at its version (the restored params
   are only its template: shapes and shardings)."""
   version = run.meta.snapshot_version
-  run.sampler.refresh(run.policy_params(run.state))
-  snapshot = run.checkpointer.restore_sampler(step, checkpoints.abstract_like(run.sampler.params))
-  run.sampler.snapshot_version = version - 1
-  run.sampler.refresh(snapshot)
+  template = run.sampler.prepare(run.policy_params(run.state))
+  run.sampler.refresh(run.checkpointer.restore_sampler(step, checkpoints.abstract_like(template)), version=version)
   logging.info("resuming inside window %d at its step %d, from the snapshot (version %d) saved with it",
                run.meta.syncs_done + 1, run.meta.window_steps_done, version)
 

@@ -37,7 +37,6 @@ from oapl_jax.rl.monitors import check_reward_failures
 from oapl_jax.rl.optim import make_schedule
 from oapl_jax.rl.parts import RunParts
 from oapl_jax.rl.rollout_store import RolloutStore, StoreHeader, take_groups
-from oapl_jax.sampler import rollout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +137,7 @@ def ensure_start_checkpoint(run: Offline) -> None:
 def policy_snapshot(run: Offline, version: int) -> None:
   """The sampler holds the trainer's current params as snapshot `version` (refreshed unless it already does)."""
   if run.sampler.params is None or run.sampler.snapshot_version != version:
-    run.sampler.snapshot_version = version - 1
-    run.sampler.refresh(run.state.params)
+    run.sampler.refresh(run.state.params, version=version)
 
 
 def evaluate_policy(run: Offline) -> dict[str, float]:
@@ -170,8 +168,8 @@ def generate_stage(run: Offline, config: OfflineConfig, stage: int, workdir: str
   for chunk in range(store.num_complete, header.num_chunks):
     idx = indices[chunk * header.chunk_prompts:(chunk + 1) * header.chunk_prompts]
     problems = [task.train[i] for i in idx]
-    groups = rollout.generate_groups(run.sampler, run.sampler.params, [p.prompt_tokens for p in problems], G,
-                                     run.rollout_settings, seed=int(np.random.default_rng([run.seed, stage, chunk]).integers(2**31)),
+    groups = run.sampler.generate([p.prompt_tokens for p in problems], G,
+                                  run.rollout_settings, seed=int(np.random.default_rng([run.seed, stage, chunk]).integers(2**31)),
                                      prompt_ids=idx)
     rewards_PxG, result = task.score_groups(problems, groups.response_tokens, groups.lengths)
     check_reward_failures(result.num_failed + result.num_timeout, rewards_PxG.size, run.monitor.config,

@@ -20,7 +20,7 @@ from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.monitors import HealthMonitor
 from oapl_jax.rl.policy_eval import PolicyEval
 from oapl_jax.rl.trainer import Params, TrainState
-from oapl_jax.sampler import core
+from oapl_jax.sampler import api as sampler_api
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks.base import Task
 
@@ -45,7 +45,7 @@ class RunParts:
   policy_params: PolicyParams
   state: Optional[TrainState]  # None only while offline mode swaps its optimizer state
   meta: checkpoint_files.Meta
-  sampler: core.Sampler
+  sampler: sampler_api.GroupSampler
   rollout_settings: SamplingSettings
   eval_settings: SamplingSettings
   checkpointer: checkpoints.Checkpointer

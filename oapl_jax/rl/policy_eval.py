@@ -24,7 +24,7 @@ import numpy as np
 from oapl_jax import reporting
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.buffer import pack_groups
-from oapl_jax.sampler import core, rollout
+from oapl_jax.sampler import api
 from oapl_jax.sampler.settings import SamplingSettings
 
 PREFIX = "policy_eval/"
@@ -33,7 +33,7 @@ PREFIX = "policy_eval/"
 class PolicyEval:
   """probe(params) -> {'policy_eval/<set>/<metric>': value}; `due(step)` says where the grid falls."""
 
-  def __init__(self, every_steps: int, evaluate: Callable[..., dict], sampler: core.Sampler, model: CausalLM,
+  def __init__(self, every_steps: int, evaluate: Callable[..., dict], sampler: api.GroupSampler, model: CausalLM,
                eval_sets: Mapping[str, Sequence], probe_settings: SamplingSettings, seed: int, seq_len: int):
     self.every_steps, self.evaluate, self.sampler, self.model = every_steps, evaluate, sampler, model
     self.eval_sets, self.probe_settings, self.seed, self.seq_len = eval_sets, probe_settings, seed, seq_len
@@ -53,8 +53,8 @@ class PolicyEval:
 
   def token_entropy(self, params, snapshot, problems: Sequence) -> float:
     """Mean over response tokens of H(pi(. | prefix)), on one T = 1 sample of each prompt from `snapshot`."""
-    groups = rollout.generate_groups(self.sampler, snapshot, [p.prompt_tokens for p in problems], 1,
-                                     self.probe_settings, seed=self.seed)
+    groups = self.sampler.generate([p.prompt_tokens for p in problems], 1, self.probe_settings, seed=self.seed,
+                                   params=snapshot)
     packed = pack_groups(groups, np.zeros(groups.lengths.shape, np.float32), self.seq_len)
     flat = {k: packed[k][:, 0] for k in ("tokens", "targets", "positions", "response_mask")}
     entropy_PxT = np.asarray(self._entropy_BxT(params, flat["tokens"], flat["targets"], flat["positions"]))

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from oapl_jax.sampler.rollout import RolloutGroups
+from oapl_jax.sampler.api import RolloutGroups
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks.base import Problem
 

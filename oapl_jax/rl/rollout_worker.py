@@ -26,7 +26,7 @@ from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.rl.monitors import MonitorConfig, check_reward_failures
 from oapl_jax.rl.schedule import WindowSchedule, prompt_order
-from oapl_jax.sampler import core, rollout
+from oapl_jax.sampler import api
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks.base import Task
 
@@ -46,7 +46,7 @@ class Window:
 
 class RolloutWorker(threading.Thread):
 
-  def __init__(self, sampler: core.Sampler, task: Task, buffer: RolloutBuffer, schedule: WindowSchedule,
+  def __init__(self, sampler: api.GroupSampler, task: Task, buffer: RolloutBuffer, schedule: WindowSchedule,
                settings: SamplingSettings, *, group_size: int, seed: int, eval_fn: Callable[[int], dict],
                monitors: MonitorConfig = MonitorConfig(), inline: bool = False, lookahead: Optional[int] = None,
                demo_mixer: Optional[DemoMixer] = None, phases: Optional[PhaseClock] = None,
@@ -176,8 +176,8 @@ class RolloutWorker(threading.Thread):
     problems = [self.task.train[i] for i in idx]
     start = time.perf_counter()
     with self._timed("sampling"):
-      groups = rollout.generate_groups(
-          self.sampler, self.sampler.params, [p.prompt_tokens for p in problems], self.group_size, self.settings,
+      groups = self.sampler.generate(
+          [p.prompt_tokens for p in problems], self.group_size, self.settings,
           seed=int(np.random.default_rng([self.seed, w.version, chunk]).integers(2**31)),
           prompt_ids=list(range(position, position + len(problems))))
     demos = []
@@ -197,7 +197,7 @@ class RolloutWorker(threading.Thread):
         "rollout/reward_mean": float(rewards_PxG.mean()),
         "rollout/frac_groups_all_equal_reward": float((rewards_PxG == rewards_PxG[:, :1]).all(-1).mean()),
         "rollout/response_length": float(groups.lengths.mean()),
-        "rollout/truncated_fraction": float((groups.finish_reason == core.FINISH_LENGTH).mean()),
+        "rollout/truncated_fraction": float((groups.finish_reason == api.FINISH_LENGTH).mean()),
         "rollout/tokens_per_second": groups.tokens_per_second,
         "rollout/seconds": time.perf_counter() - start,
         "rollout/reward_failures": float(result.num_failed + result.num_timeout),

@@ -34,7 +34,7 @@ from oapl_jax.rl.parts import RunParts
 from oapl_jax.rl.policy_eval import PolicyEval
 from oapl_jax.run import check, schema
 from oapl_jax.run.schema import RunConfig
-from oapl_jax.sampler import core
+from oapl_jax.sampler import api as sampler_api, core, scripted
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks import factory as task_factory
 from oapl_jax.tasks.base import Task
@@ -97,18 +97,23 @@ def sampler_model(rc: RunConfig, model: CausalLM) -> CausalLM:
 
 
 def build_sampler(rc: RunConfig, model: CausalLM, layout: parallel.Layout, *,
-                  max_prefill_length: Optional[int] = None, max_new_tokens: Optional[int] = None) -> core.Sampler:
-  """The run's sampler: its dtype and slots, a prompt bucket and the longest generation it serves."""
-  return core.Sampler(sampler_model(rc, model), layout=layout, num_slots=rc.sampler.num_slots,
-                      max_prefill_length=max_prefill_length or rc.sampler.max_prefill_length,
-                      max_new_tokens=max_new_tokens or max(rc.sampler.max_new_tokens, rc.eval.max_new_tokens))
+                  max_prefill_length: Optional[int] = None, max_new_tokens: Optional[int] = None,
+                  snapshot_version: int = 0) -> sampler_api.GroupSampler:
+  """The run's sampler (`sampler.backend`): its dtype and slots, a prompt bucket and the longest generation it
+  serves; its versions go on from `snapshot_version` (a resumed run's)."""
+  sizes = dict(max_prefill_length=max_prefill_length or rc.sampler.max_prefill_length,
+               max_new_tokens=max_new_tokens or max(rc.sampler.max_new_tokens, rc.eval.max_new_tokens),
+               layout=layout, snapshot_version=snapshot_version)
+  if rc.sampler.backend == "scripted":
+    return scripted.ScriptedSampler(model.config.vocab_size, **sizes)
+  return core.Sampler(sampler_model(rc, model), num_slots=rc.sampler.num_slots, **sizes)
 
 
 def eval_seed(rc: RunConfig) -> int:
   return rc.seed + evaluation.SEED_OFFSET
 
 
-def evaluate(rc: RunConfig, task: Task, sampler: core.Sampler, params, *, settings: SamplingSettings,
+def evaluate(rc: RunConfig, task: Task, sampler: sampler_api.GroupSampler, params, *, settings: SamplingSettings,
              eval_sets=None, sink: Optional[generations.Sink] = None, step: Optional[int] = None,
              prefix: str = "") -> dict[str, float]:
   """{'eval/<set>/<metric>': value} over the task's eval sets (or `eval_sets`), at the run's eval seed; with a
@@ -181,7 +186,7 @@ def old_policy_scorer(train_cfg: trainer.TrainConfig, model: CausalLM, layout: p
   return score_chunk
 
 
-def policy_eval(rc: RunConfig, task: Task, sampler: core.Sampler, model: CausalLM, seq: int,
+def policy_eval(rc: RunConfig, task: Task, sampler: sampler_api.GroupSampler, model: CausalLM, seq: int,
                 evaluate_params: Callable) -> Optional[PolicyEval]:
   """The every-N-steps eval of the trainer's current policy (eval.every_steps; None when 0)."""
   if not rc.eval.every_steps:
@@ -230,7 +235,7 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   resuming = checkpointer.latest_step() is not None
   warm_resuming = not resuming and warm_start_saved(rc, workdir)
   if resuming or warm_resuming:  # a resume with another config says what differs, and refuses unless allowed
-    run_dir.check_resume(workdir, record, allow_config_changes)
+    run_dir.check_resume(workdir, record, allow_config_changes, defaults=schema.defaults().to_dict())
   if not (resuming or warm_resuming) or run_dir.recorded_config(workdir) is None:
     run_dir.record_config(workdir, record)
   if warm_resuming:
@@ -257,8 +262,7 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   elif train_cfg.lora.enabled:
     checkpoints.save_base(workdir, state.frozen)
 
-  sampler = build_sampler(rc, model, layouts.sampler)
-  sampler.snapshot_version = meta.snapshot_version
+  sampler = build_sampler(rc, model, layouts.sampler, snapshot_version=meta.snapshot_version)
   sink = generations.Sink(workdir, reporter.texts)
   evaluate_params = functools.partial(evaluate, rc, task, sampler, settings=eval_settings, sink=sink)
   return RunParts(placement=layouts, task=task, model=model,

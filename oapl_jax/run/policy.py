@@ -32,7 +32,7 @@ from oapl_jax.rl import preemption
 from oapl_jax.rl.trainer import Params
 from oapl_jax.run import assemble, schema
 from oapl_jax.run.schema import RunConfig
-from oapl_jax.sampler import core
+from oapl_jax.sampler import api as sampler_api
 from oapl_jax.tasks.base import Task
 
 
@@ -47,7 +47,7 @@ class Policy:
   step: Optional[int] = None  # a run's checkpoint step
   meta: Optional[checkpoint_files.Meta] = None  # and what was saved with it
 
-  def load_into(self, sampler: core.Sampler) -> None:
+  def load_into(self, sampler: sampler_api.GroupSampler) -> None:
     if self.params is None:
       sampler.load(self.source)
     else:

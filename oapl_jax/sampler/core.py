@@ -32,13 +32,11 @@ from oapl_jax import parallel
 from oapl_jax.models import vocab_logprobs
 from oapl_jax.models.api import Cache, CausalLM
 from oapl_jax.parallel import Layout
+from oapl_jax.sampler import api, rollout
+from oapl_jax.sampler.buckets import pow2, prefill_bucket
 from oapl_jax.sampler.sampling import sample_tokens
 from oapl_jax.sampler.settings import SamplingSettings
 
-FINISH_NONE, FINISH_STOP, FINISH_LENGTH = 0, 1, 2
-FINISH_NAMES = ("none", "stop", "length")
-MIN_PREFILL_BUCKET = 8
-MIN_CACHE_BUCKET = 16
 
 
 class Prefix(NamedTuple):
@@ -66,24 +64,6 @@ class DecodeState(NamedTuple):
   top_p: jax.Array  # float32 scalar
   top_k: jax.Array  # int32 scalar, 0 = off
   max_len: jax.Array  # int32 scalar: the cache length the state may grow to, which caps the budgets
-
-
-def prefill_bucket(length: int, max_prefill_length: int) -> int:
-  """Powers of two (at least MIN_PREFILL_BUCKET), capped at max_prefill_length."""
-  bucket = max(MIN_PREFILL_BUCKET, 1 << max(0, int(length) - 1).bit_length())
-  return min(bucket, max_prefill_length)
-
-
-def pow2(n: int) -> int:
-  return 1 << max(0, int(n) - 1).bit_length()
-
-
-def cache_bucket(length: int, max_len: int) -> int:
-  """Cache lengths a decode state grows through: 16, 24, 32, 48, 64, 96, ... (powers of two and
-  1.5x them), capped at max_len. Attention costs what the cache holds, so a young batch runs on a
-  short cache; two lengths per doubling bound the padding to a third, and the compiles to two."""
-  p = pow2(max(length, MIN_CACHE_BUCKET))
-  return min(p * 3 // 4 if MIN_CACHE_BUCKET < length <= p * 3 // 4 else p, int(max_len))
 
 
 # ---------------------------------------------------------------- pure functions (jitted below)
@@ -199,17 +179,17 @@ def sample_keys(seed: int, prompt_ids, sample_ids) -> jax.Array:
 
 
 # ---------------------------------------------------------------- the bound, sharded sampler
-class Sampler:
+class Sampler(api.GroupSampler):
   """The jitted core bound to one model (a models.api.CausalLM) and one layout (the sampler's mesh
-  and its logical-axis rules).
+  and its logical-axis rules): the JAX backend of sampler/api.GroupSampler.
 
   Holds the current parameter snapshot (`params`, in the model's decode layout, e.g. one tree per
-  layer) and its `snapshot_version`; `refresh` replaces both. Every method that takes a
-  DecodeState donates it: use the returned state.
+  layer) and its `snapshot_version` (starting at `snapshot_version`, a resumed run's); `refresh` replaces
+  both. Every method that takes a DecodeState donates it: use the returned state.
   """
 
   def __init__(self, model: CausalLM, *, layout: Optional[Layout] = None, num_slots: int = 8,
-               max_prefill_length: int = 256, max_new_tokens: int = 256):
+               max_prefill_length: int = 256, max_new_tokens: int = 256, snapshot_version: int = 0):
     self.model, self.config = model, model.config
     self.layout = layout or Layout.single_device()
     self.num_slots = int(num_slots)
@@ -223,7 +203,7 @@ class Sampler:
       raise ValueError(f"num_slots={num_slots} must be a multiple of the {batch_shards} devices the "
                        f"sampler mesh {dict(self.mesh.shape)} splits the slot axis over")
     self.params = None
-    self.snapshot_version = 0
+    self.snapshot_version = int(snapshot_version)
     self.last_refresh_seconds = float("nan")
     self.last_refresh_bytes = 0  # bytes of the snapshot installed by the last refresh (all devices)
 
@@ -258,6 +238,10 @@ class Sampler:
     self._to_decode_layout = jax.jit(model.decode_params, out_shardings=self.snapshot_shardings)
 
   @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
   def mesh(self) -> jax.sharding.Mesh:
     return self.layout.mesh
 
@@ -270,11 +254,11 @@ class Sampler:
                        "sampler.prepare(trainer_params)")
 
   # ---- parameters
-  def refresh(self, trainer_params):
-    """New snapshot from the trainer's params (see `prepare`). Bumps `snapshot_version` and records
-    the wall time (blocked until the copy is done) in `last_refresh_seconds`."""
+  def refresh(self, trainer_params, *, version: Optional[int] = None):
+    """New snapshot from the trainer's params (see `prepare`), at `version` (default: the last + 1).
+    Records the wall time (blocked until the copy is done) in `last_refresh_seconds`."""
     start = time.perf_counter()
-    return self._install(self.prepare(trainer_params), start)
+    return self._install(self.prepare(trainer_params), start, version)
 
   def prepare(self, trainer_params):
     """Trainer-layout params -> the sampler's: cast to the sampler dtype, a device-to-device
@@ -300,14 +284,20 @@ class Sampler:
       raise ValueError(f"{path}: checkpoint architecture {model.config} does not match the sampler's {self.config}")
     return self._install(self._to_decode_layout(params), start)
 
-  def _install(self, params, start: float):
-    """Make `params` the current snapshot: wait for the copy, record its time, bump the version."""
+  def _install(self, params, start: float, version: Optional[int] = None):
+    """Make `params` the current snapshot: wait for the copy, record its time, set the version."""
     jax.block_until_ready(params)
     self.last_refresh_seconds = time.perf_counter() - start
     self.last_refresh_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     self.params = params
-    self.snapshot_version += 1
+    self.snapshot_version = self.snapshot_version + 1 if version is None else int(version)
     return params
+
+  # ---- groups (sampler/rollout.py: continuous batching over the slots)
+  def generate(self, prompts, group_size: int, settings: SamplingSettings, *, seed: int,
+               prompt_ids: Optional[Sequence[int]] = None, params=None) -> api.RolloutGroups:
+    """api.GroupSampler.generate: params other than `self.params` (in either layout) go through `prepare`."""
+    return rollout.run_groups(self, params, prompts, group_size, settings, seed=seed, prompt_ids=prompt_ids)
 
   # ---- decode state
   def init_decode_state(self, settings: SamplingSettings, *, max_len: Optional[int] = None,
@@ -390,8 +380,8 @@ class Sampler:
     with self.layout.context():
       return self._decode(params, state, np.int32(num_steps))
 
-  def generate(self, params, state: DecodeState):
-    """One step; returns (state, data [S, 3] int32 = token, valid, length). Donates `state`."""
+  def generate_step(self, params, state: DecodeState):
+    """One step (JetStream's `generate`); returns (state, data [S, 3] int32 = token, valid, length). Donates `state`."""
     self._check_layout(params)
     with self.layout.context():
       return self._generate(params, state)

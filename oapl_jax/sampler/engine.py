@@ -26,7 +26,7 @@ from jetstream.engine import engine_api, tokenizer_api, tokenizer_pb2  # noqa: E
 
 from oapl_jax.models.api import CausalLM  # noqa: E402
 from oapl_jax.parallel import Layout  # noqa: E402
-from oapl_jax.sampler import core, rollout  # noqa: E402
+from oapl_jax.sampler import api, core  # noqa: E402
 from oapl_jax.sampler.settings import SamplingSettings  # noqa: E402
 from oapl_jax.sampler.tokenizers import NO_BOS, HFTokenizer, TokenIdTokenizer  # noqa: E402
 
@@ -114,7 +114,8 @@ class SamplerEngine(engine_api.Engine):
     """The prompt as the model will see it, or InvalidRequest: empty, more than max_prefill_length
     tokens, or ids that are not in the vocabulary."""
     try:
-      rollout.validate(self.sampler, [token_ids], 1, self.settings)
+      api.check_request([token_ids], 1, self.settings, vocab_size=self.sampler.vocab_size,
+                        max_prefill_length=self.sampler.max_prefill_length)
     except ValueError as e:
       raise InvalidRequest(str(e).replace("prompt 0 ", "the prompt ", 1)) from None
     return [int(t) for t in token_ids]
@@ -151,7 +152,7 @@ class SamplerEngine(engine_api.Engine):
     return self.sampler.insert(prefix, decode_state, [slot], [0], key)
 
   def generate(self, params, decode_state: core.DecodeState):
-    state, data_Sx3 = self.sampler.generate(params, decode_state)
+    state, data_Sx3 = self.sampler.generate_step(params, decode_state)
     return state, engine_api.ResultTokens(data=data_Sx3, tokens_idx=(0, 1), valid_idx=(1, 2),
                                           length_idx=(2, 3), samples_per_slot=1)
 

@@ -4,6 +4,7 @@ import dataclasses
 from oapl_jax import sections
 
 DTYPES = ("bfloat16", "float16", "float32")
+BACKENDS = ("jax", "scripted")  # core.Sampler, scripted.ScriptedSampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,3 +50,4 @@ class SamplerConfig(SamplingFields):
   num_slots: int = sections.rule(64, low=1)
   max_prefill_length: int = sections.rule(1024, low=1)
   dtype: str = sections.rule("float32", choices=DTYPES)
+  backend: str = sections.rule("jax", choices=BACKENDS)  # sampler/api.py: 'scripted' decodes nothing (tests)
