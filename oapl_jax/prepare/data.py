@@ -138,9 +138,9 @@ def _parquet_rows(path: str) -> Iterator[dict]:
     batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
     for batch in batches:
       yield from batch.to_pylist()
+  except FileNotFoundError:
+    raise  # a missing file is the CLI's own one line
   except (pa.ArrowException, OSError, ValueError) as e:
-    if isinstance(e, FileNotFoundError):
-      raise
     raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__}: {str(e)[:200]})") from None
 
 
