@@ -11,8 +11,16 @@ addition, the teacher always wrong on the problems whose first operand is odd: e
 each optionally ',digits3' (3-digit addition, slip 0.5, a 3000-step warm start: off the ceiling) and ',smoke'
 (CI size); 'chain' (task C, optionally ',smoke': oapl_jax/tasks/chain_task.py, a running sum of CHAIN_TERMS
 terms of CHAIN_DIGITS digits written step by step, "37+58+12=" -> "37+58=95;95+12=107;#107", only the final
-answer graded; its teacher slips by +1 at one step and carries the wrong total on). The report's per-cell
-commands give every override.
+answer graded; its teacher slips by +1 at one step and carries the wrong total on); 'code' (task D, optionally
+',smoke': tasks/code_task.py's code_synthetic, "f(x)=37x-5" -> a fenced `def f(x): return 37*x-5`, graded by
+running it in the sandbox on four inputs; its teacher flips the constant's sign on CODE_SLIP_RATE of its
+demonstrations, CODE_COPIES per problem, each slipping on its own so the warm start learns the rate, not which
+problems slip). The report's per-cell commands give every override.
+
+Why the code task's numbers: the sandbox starts two interpreters per program (about 0.13 s on this host), so
+rewards are cached by (program, tests) (a converged policy writes the same few programs a prompt again and again;
+only clean runs are kept); at slip 0.65 a policy that learned the teacher exactly is right at the eval's T = 0.6
+0.35^(1/0.6) / (0.35^(1/0.6) + 0.65^(1/0.6)) = 0.26 of the time.
 
 Why the chain's numbers: 3 two-digit terms keep a response at 14-26 tokens (chain_task.max_completion_len: 26 with
 eos; the prompt is at most 10 with bos), about 4x the addition's, so a run's CPU time stays a few minutes; the
@@ -45,7 +53,7 @@ import os
 
 from ml_collections import ConfigDict
 
-from oapl_jax.tasks import chain_task
+from oapl_jax.tasks import chain_task, code_task
 
 STEPS = 300  # S: trainer steps per run (round 3; round 2, reports/claims_arithmetic, ran 200)
 LAG = 50  # OAPL's main lag (the paper's L)
@@ -57,6 +65,9 @@ CHAIN_TERMS, CHAIN_DIGITS = 3, 2  # 'chain': 3 two-digit terms, two "a+b=c;" ste
 CHAIN_SLIP_RATE = SLIP_RATE = 0.85  # the teacher slips on 85% (round 3; round 2: the demo's 0.7)
 CHAIN_TRAIN = 32768  # 'chain': 8x the addition's 4096 train problems, so the warm start sees each about 4 times
 CHAIN_WARMSTART_STEPS = 1000  # 'chain': validation pass@1 0.285, test 0.285 (pass@32 0.94) after it
+CODE_DIGITS, CODE_SLIP_RATE = 2, 0.65  # 'code': f(x)=ax+-b with a, b of up to 2 digits; the teacher flips the sign
+CODE_TRAIN, CODE_COPIES = 8192, 4  # 'code': 4 demonstrations a problem, each slipping on its own (no memorising)
+CODE_REWARD_CACHE = 1 << 16  # 'code': programs met again are not re-run (code_reward.CodeReward.cache_size)
 EVAL_EVERY_STEPS = 10  # the current policy's validation pass@1 and entropy on this step grid
 
 
@@ -70,11 +81,11 @@ def _arithmetic_demo_config() -> ConfigDict:
 
 def get_config(arg: str = "arithmetic") -> ConfigDict:
   parts = set(arg.split(",")) - {""}
-  tasks = (parts & {"arithmetic", "hard_tail", "chain"}) or {"arithmetic"}
-  if len(tasks) != 1 or parts - {"arithmetic", "hard_tail", "chain", "digits3", "smoke"} or \
-      {"chain", "digits3"} <= parts:
+  tasks = (parts & {"arithmetic", "hard_tail", "chain", "code"}) or {"arithmetic"}
+  if len(tasks) != 1 or parts - {"arithmetic", "hard_tail", "chain", "code", "digits3", "smoke"} or \
+      ("digits3" in parts and tasks & {"chain", "code"}):
     raise ValueError(f"configs/claims.py: unknown variant {arg!r}; expected 'arithmetic' (the default) or "
-                     f"'hard_tail', optionally ',digits3' and ',smoke', or 'chain', optionally ',smoke'")
+                     f"'hard_tail', optionally ',digits3' and ',smoke', or 'chain' or 'code', optionally ',smoke'")
   task = tasks.pop()
   smoke = "smoke" in parts
   c = _arithmetic_demo_config()  # the demo's tiny model, task, teacher (slip 0.7) and 1000-step warm start
@@ -84,6 +95,11 @@ def get_config(arg: str = "arithmetic") -> ConfigDict:
     base = ConfigDict(dict(name="oapl_jax.tasks.chain_task:from_config", num_terms=CHAIN_TERMS,
                            num_digits=CHAIN_DIGITS, num_train=CHAIN_TRAIN, num_held_out=384, seed=0,
                            teacher_slip_rate=CHAIN_SLIP_RATE))
+    c.task = ConfigDict(dict(name="experiments.split_task:from_config", base=base, num_val=128, num_test=256))
+  elif task == "code":  # programs run in the sandbox, held out as 'arithmetic': 128 validation, 256 test
+    base = ConfigDict(dict(name="code_synthetic", num_digits=CODE_DIGITS, num_train=CODE_TRAIN, num_held_out=384,
+                           held_out_fraction=0.25, teacher_slip_rate=CODE_SLIP_RATE, teacher_copies=CODE_COPIES,
+                           reward_workers=2, reward_timeout_s=2.0, reward_cache=CODE_REWARD_CACHE, seed=0))
     c.task = ConfigDict(dict(name="experiments.split_task:from_config", base=base, num_val=128, num_test=256))
   elif task == "arithmetic":  # held-out: 128 validation (chosen on), 256 test (reported)
     base.num_held_out = 384
@@ -111,6 +127,10 @@ def get_config(arg: str = "arithmetic") -> ConfigDict:
     c.sampler.update(max_prefill_length=1 + CHAIN_TERMS * (CHAIN_DIGITS + 1), max_new_tokens=longest)
     c.eval.max_new_tokens = longest
     c.warmstart.steps = CHAIN_WARMSTART_STEPS
+  if task == "code":  # bos + "f(x)=99x+99\n", then "```\ndef f(x): return 99*x+99\n```" + eos
+    c.model.overrides.vocab_size = code_task.CodeCharTokenizer.vocab_size
+    c.sampler.update(max_prefill_length=13, max_new_tokens=33)
+    c.eval.max_new_tokens = 33
   if smoke:  # CI: seconds per run; S = 4 steps, lag 2
     c.warmstart.update(steps=5, batch_size=32)
     c.sampler.update(grow_cache=False, num_slots=32)  # one decode compile instead of one per cache length

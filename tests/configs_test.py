@@ -4,6 +4,7 @@ import importlib
 import json
 import os
 
+import numpy as np
 import pytest
 
 from oapl_jax import sections
@@ -136,6 +137,52 @@ def test_an_absent_checkpoint_is_read_as_the_preset_its_name_names(directory, pr
     assert factory.architecture(spec, preset_when_absent=True) == families.preset(preset)
 
 
+def _check_study_variant(arg, task, tests, rc, demos):
+  """A study variant's demonstrations fit the sampler and eval budgets (a truncated answer scores 0), its prompts
+  the prefill, its tokenizer the model; validation, test and train are disjoint; the full size has the study's
+  split and run shape."""
+  from configs import claims
+  assert max(len(d.completion_tokens) for d in demos) <= rc.sampler.max_new_tokens == rc.eval.max_new_tokens
+  prompts = [p.prompt_tokens for p in [*task.train, *task.eval_sets["val"], *tests["test"]]]
+  assert max(map(len, prompts)) <= rc.sampler.max_prefill_length
+  assert rc.sampler.max_prefill_length + rc.sampler.max_new_tokens <= rc.model.overrides["max_position_embeddings"]
+  assert task.tokenizer.vocab_size <= rc.model.overrides["vocab_size"]
+  val, test = task.eval_sets["val"], tests["test"]
+  assert not {p.prompt for p in val} & {p.prompt for p in test}
+  assert not {p.prompt for p in task.train} & {p.prompt for p in [*val, *test]}
+  if "smoke" not in arg:
+    assert (len(val), len(test)) == (128, 256)
+    arithmetic = claims.get_config("arithmetic")  # the study's shape: B x G, S and L as the other variants
+    for key in ("batch_prompts", "group_size", "sync_every", "num_syncs", "steps_per_rollout"):
+      assert rc.loop.__getattribute__(key) == arithmetic.loop[key], key
+
+
+@pytest.mark.parametrize("arg", ["code", "code,smoke"])
+def test_claims_code_variant_fits_its_longest_program_and_grades_in_the_sandbox(arg):
+  """configs/claims.py:code: the teacher's programs fit the budgets, slip at the configured rate, the tokenizer fits
+  the model, the splits are disjoint, and the sandboxed reward grades a right and a slipped program (cached)."""
+  from configs import claims
+  from experiments import task_config
+  from oapl_jax.run import schema
+  from oapl_jax.tasks import code_task
+  assert task_config.preflight(f"configs/claims.py:{arg}", {}) == []
+  rc = schema.from_config(claims.get_config(arg))
+  check.check(rc)
+  task, tests = task_config.task_and_tests(rc.task)
+  demos = task.demonstrations(rc.seed)
+  decoded = [task.tokenizer.decode(d.completion_tokens) for d in demos]
+  right = [code_task.teacher_program(p.prompt, slip=False) + code_task.EOS for p in task.train]
+  wrong = [text != right[i % len(task.train)] for i, text in enumerate(decoded)]
+  assert len(demos) == claims.CODE_COPIES * len(task.train)
+  assert abs(sum(wrong) / len(wrong) - claims.CODE_SLIP_RATE) < 0.1
+  _check_study_variant(arg, task, tests, rc, demos)
+  problem = task.eval_sets["val"][0]
+  graded = [code_task.teacher_program(problem.prompt, slip) + code_task.EOS for slip in (False, True)]
+  for _ in range(2):  # the second call is answered by the cache, with the same rewards
+    np.testing.assert_array_equal(task.reward_fn(graded, [problem.answer] * 2).rewards, [1, 0])
+  task.close()
+
+
 @pytest.mark.parametrize("arg", ["chain", "chain,smoke"])
 def test_claims_chain_variant_fits_its_longest_demonstration(arg):
   """configs/claims.py:chain builds (the study's own preflight), its answers fit the sampler and eval budgets (a
@@ -151,19 +198,7 @@ def test_claims_chain_variant_fits_its_longest_demonstration(arg):
   demos = task.demonstrations(rc.seed)
   wrong = [chain_task.score(task.tokenizer.decode(d.completion_tokens), p.answer) == 0 for d, p in zip(demos, task.train)]
   assert abs(sum(wrong) / len(wrong) - claims.CHAIN_SLIP_RATE) < 0.1  # the imperfect teacher: that share slips
-  longest = max(len(d.completion_tokens) for d in demos)
   budget = chain_task.max_completion_len(claims.CHAIN_TERMS, claims.CHAIN_DIGITS)
-  assert longest <= budget == rc.sampler.max_new_tokens == rc.eval.max_new_tokens
-  prompts = [p.prompt_tokens for p in [*task.train, *task.eval_sets["val"], *tests["test"]]]
-  assert max(map(len, prompts)) <= rc.sampler.max_prefill_length
-  assert rc.sampler.max_prefill_length + budget <= rc.model.overrides["max_position_embeddings"]
-  assert task.tokenizer.vocab_size <= rc.model.overrides["vocab_size"]
-  val, test = task.eval_sets["val"], tests["test"]
-  assert not {p.prompt for p in val} & {p.prompt for p in test}
-  assert not {p.prompt for p in task.train} & {p.prompt for p in [*val, *test]}
-  if "smoke" not in arg:
-    assert (len(val), len(test)) == (128, 256)
-    arithmetic = claims.get_config("arithmetic")  # the study's shape: B x G, S and L as the other variants
-    for key in ("batch_prompts", "group_size", "sync_every", "num_syncs", "steps_per_rollout"):
-      assert rc.loop.__getattribute__(key) == arithmetic.loop[key], key
+  assert budget == rc.sampler.max_new_tokens
+  _check_study_variant(arg, task, tests, rc, demos)
   task.close()

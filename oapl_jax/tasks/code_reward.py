@@ -43,8 +43,10 @@ after a prelude of common imports (typing, collections, heapq, bisect, math, ite
 from __future__ import annotations
 
 import base64
+import collections
 import concurrent.futures as cf
 import dataclasses
+import hashlib
 import io
 import json
 import marshal
@@ -189,6 +191,13 @@ def _job(record: Mapping | str, response: str, settings: Settings) -> tuple[Test
   return suite, sandbox.Job(code_harness.HARNESS_SOURCE, stdin, limits)
 
 
+def _cache_key(suite: TestSuite, job: sandbox.Job) -> bytes:
+  """What decides a clean run's reward: the job (code, inputs, settings) and the expected outputs."""
+  digest = hashlib.blake2b(job.stdin, digest_size=16)
+  digest.update(repr((suite.outputs, suite.unwrap_single)).encode())
+  return digest.digest()
+
+
 def _parse_records(stdout: bytes) -> list[tuple[str, memoryview]]:
   """The harness's per-test records "i status seconds length\\n" + payload, in test order (views of stdout)."""
   records, pos, view = [], 0, memoryview(stdout)
@@ -302,21 +311,32 @@ class CodeReward:
   num_timeout counts programs with a test (or the whole run) out of time. stats(): the pool's
   throughput, for the trainer's log; cut: the test outputs the sandbox handed back cut to what the
   grader reads (output_caps), over all calls.
+
+  cache_size > 0 keeps the reward of up to that many (code, tests) pairs, least recently used out first: a
+  program met again (a policy that has converged writes the same few programs for a prompt) is not run again.
+  Only clean runs are kept (no timeout, no sandbox error), so a program timed out under load runs again;
+  cache_hits counts what the cache answered. Exact for programs whose result depends on their code and
+  inputs only, as a grader's tests assume; leave it 0 for tasks whose programs read the clock or randomness.
   """
 
   def __init__(self, num_workers: int = 2, timeout_s: float = 6.0, partial_credit: bool = False,
                max_tests: int | None = None, memory_bytes: int = 1 << 30, output_bytes: int = 32 << 20,
-               total_output_bytes: int = 256 << 20, config: sandbox.SandboxConfig = sandbox.SandboxConfig()):
+               total_output_bytes: int = 256 << 20, config: sandbox.SandboxConfig = sandbox.SandboxConfig(),
+               cache_size: int = 0):
+    if cache_size < 0:
+      raise ValueError(f"cache_size must be >= 0, got {cache_size}")
     self.settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes, output_bytes, total_output_bytes)
     self.pool = sandbox_pool.SandboxPool(num_workers, config=config)
     self.cut = OutputsCut()  # test outputs cut to what the grader reads, over all calls
+    self.cache_size, self.cache_hits = cache_size, 0
+    self._cache: collections.OrderedDict[bytes, float] = collections.OrderedDict()
 
   def __call__(self, records: Sequence[Mapping | str], responses: Sequence[str]) -> base.RewardResult:
     if len(records) != len(responses):
       raise ValueError(f"{len(records)} records but {len(responses)} responses")
     rewards = np.zeros(len(records), np.float32)
     failed = timeouts = 0
-    pending: dict[cf.Future, tuple[int, TestSuite, GraderHead]] = {}
+    pending: dict[cf.Future, tuple[int, TestSuite, GraderHead, bytes]] = {}
     for i, (record, response) in enumerate(zip(records, responses)):
       try:
         suite, job = _job(record, response, self.settings)
@@ -324,16 +344,27 @@ class CodeReward:
         sandbox.log.warning("code reward: record %d has no usable tests: %r", i, e)
         failed += 1
         continue
-      if job is not None:
-        head = GraderHead(output_caps(suite))
-        pending[self.pool.submit(job.source, job.stdin, job.limits, keep_stdout=head)] = (i, suite, head)
+      if job is None:
+        continue
+      key = _cache_key(suite, job) if self.cache_size else b""
+      if key in self._cache:
+        self._cache.move_to_end(key)
+        rewards[i] = self._cache[key]
+        self.cache_hits += 1
+        continue
+      head = GraderHead(output_caps(suite))
+      pending[self.pool.submit(job.source, job.stdin, job.limits, keep_stdout=head)] = (i, suite, head, key)
     for future in cf.as_completed(list(pending)):  # graded as each run ends, its output then dropped
-      (i, suite, head), result = pending.pop(future), future.result()
+      (i, suite, head, key), result = pending.pop(future), future.result()
       self.cut.tests += head.cut.tests
       self.cut.bytes += head.cut.bytes
       failed += result.reason == "sandbox_error"
       rewards[i], timed_out = grade(suite, result, self.settings.partial_credit)
       timeouts += timed_out
+      if self.cache_size and not timed_out and result.reason != "sandbox_error":
+        self._cache[key] = float(rewards[i])
+        if len(self._cache) > self.cache_size:
+          self._cache.popitem(last=False)
     return base.RewardResult(rewards, num_failed=failed, num_timeout=timeouts)
 
   def stats(self) -> sandbox_pool.PoolStats:
