@@ -13,8 +13,9 @@ Order (a study cut short still reports every claim at a lower n):
   2. the pilot: every primary arm at its loss's middle grid point on the tuning seed. The main OAPL arm must
      learn (tuning.PILOT_GAIN over the warm start at mid-run) or the study stops; an arm at or above
      tuning.HEADROOM at mid-run makes the primary metric the area under the validation curve
-  3. tuning of oapl, grpo (off-by-one) and grpo_onpolicy: lr x the loss's own knob (plan.KNOBS), 9 points
-     each on the tuning seed, chosen by the area under the validation pass@1 curve
+  3. tuning of oapl, grpo (off-by-one) and grpo_onpolicy: lr x the loss's own knob (plan.KNOBS; OAPL's beta2 set
+     by strength from the pilot with --beta2_by_strength), 9 points each on the tuning seeds, chosen by the mean
+     area under the validation pass@1 curve; a winner at an edge extends its axis (tuning.extension)
   4. the claims' arms and the on-policy baseline, round-robin by seed (plan.main_cells)
   5. opmd and asymre (tuned alike), then the beta1 probe at L = 1 (lowest priority)
 Resumable: a run with final_eval.json is skipped; an unfinished one resumes from its last checkpoint.
@@ -26,7 +27,7 @@ import os
 import time
 from typing import Optional
 
-from experiments import plan, results, task_config, tuning
+from experiments import lag_stats, plan, results, task_config, tuning
 
 FINAL_SEED_OFFSET = 104_729  # the test eval's seed: the run's eval seed + this (the same for paired cells)
 FINAL_SAMPLES = (32, (1, 4, 8, 16, 32))
@@ -60,17 +61,23 @@ def execute(study: plan.Study, cell: plan.Cell, workdir: str, warm_dir: str) -> 
   summary = loop.train(run)
   if not summary["finished"]:
     raise RuntimeError(f"{workdir}: the run stopped before its last window ({summary})")
-  _, tests = task_config.task_and_tests(rc.task)
+  task, tests = task_config.task_and_tests(rc.task)  # its own reward: the run released its pools when it ended
   samples, ks = final_sampling(study)
   params = run.sampler.prepare(run.state.params)
-  final = {"cell": cell.name, "arm": cell.arm.name, "task": study.name, "loss": cell.arm.loss, "lr": cell.lr,
-           "setting": list(cell.setting), "seed": cell.seed, "trainer_steps": summary["trainer_steps"],
-           "generations": rc.loop.num_syncs * rc.loop.schedule().prompts_per_window * rc.loop.group_size,
-           "command": plan.command(study, cell, warm_dir, workdir), "train_seconds": time.time() - start,
-           "test": {name: evaluation.evaluate(run.sampler, params, run.task, problems, samples=samples, ks=ks,
-                                              settings=run.eval_settings,
-                                              seed=assemble.eval_seed(rc) + FINAL_SEED_OFFSET)
-                    for name, problems in tests.items()}}
+  try:
+    final = {"cell": cell.name, "arm": cell.arm.name, "task": study.name, "loss": cell.arm.loss, "lr": cell.lr,
+             "setting": list(cell.setting), "seed": cell.seed, "trainer_steps": summary["trainer_steps"],
+             "generations": rc.loop.num_syncs * rc.loop.schedule().prompts_per_window * rc.loop.group_size,
+             "command": plan.command(study, cell, warm_dir, workdir), "train_seconds": time.time() - start,
+             "test": {name: evaluation.evaluate(run.sampler, params, task, problems, samples=samples, ks=ks,
+                                                settings=run.eval_settings,
+                                                seed=assemble.eval_seed(rc) + FINAL_SEED_OFFSET)
+                      for name, problems in tests.items()}}
+  finally:
+    task.close()
+  failed = {name: m["reward_failures"] for name, m in final["test"].items() if m["reward_failures"] > 0}
+  if failed:  # a reward that failed is not a zero to report
+    raise RuntimeError(f"{workdir}: the final test eval's reward failed on {failed} items; nothing recorded")
   final["wall_seconds"] = time.time() - start
   results.write_json(os.path.join(workdir, results.FINAL_EVAL), final)
   return final
@@ -132,13 +139,41 @@ class State:
   stopped: Optional[str] = None
   warm: Optional[dict] = None  # the warm start's eval.json
   checked: Optional[list] = None  # the preflight's warnings (None: not checked in this invocation)
+  strength: Optional[tuning.Strength] = None  # OAPL's beta2 grid by strength (the study's beta2_by_strength)
+  extended: dict = dataclasses.field(default_factory=dict)  # loss -> the points added past an edge winner
 
 
 class Runner:
+  """Runs the study's cells stage by stage. With shard=(i, n), this process runs the i-th of every n cells of a
+  stage and waits for the other shards' before the next stage (n processes on n cores; shard 0 makes the warm
+  start). The strength rule may replace `study` after the pilot (its OAPL grid): report from runner.study."""
+
   def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
-               stage: str = "all"):
+               stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: float = 30.0):
+    if shard is not None and not 0 <= shard[0] < shard[1]:
+      raise ValueError(f"shard {shard[0]}/{shard[1]}: expected i/n with 0 <= i < n")
     self.study, self.runs_dir, self.collect, self.only, self.stage = study, runs_dir, collect, only, stage
+    self.shard, self.poll_seconds = shard, poll_seconds
     self.state = State()
+
+  def run_all(self, stage: str, cells: list[plan.Cell]) -> list[Optional[results.RunResult]]:
+    """Run (or load) every cell; with a shard, this process's share, then wait for the rest."""
+    i, n = self.shard or (0, 1)
+    for k, cell in enumerate(cells):
+      if k % n == i:
+        self.run(stage, cell)
+    if n > 1 and not self.collect and self.only is None:
+      self._wait([os.path.join(self.runs_dir, c.name) for c in cells])
+    return [results.load(self.runs_dir, cell) for cell in cells]
+
+  def _wait(self, workdirs: list[str], done=results.is_done) -> None:
+    said = 0.0
+    while missing := [w for w in workdirs if not done(w)]:
+      if time.time() - said > 600:
+        print(f"[claims] shard {self.shard[0]}/{self.shard[1]}: waiting for {len(missing)} cell(s) the other shards "
+              f"run, e.g. {os.path.relpath(missing[0], self.runs_dir)}", flush=True)
+        said = time.time()
+      time.sleep(self.poll_seconds)
 
   def run(self, stage: str, cell: plan.Cell) -> Optional[results.RunResult]:
     workdir = os.path.join(self.runs_dir, cell.name)
@@ -152,19 +187,40 @@ class Runner:
 
   def warm(self) -> Optional[dict]:
     directory = warm_dir_of(self.runs_dir, self.study)
+    if not self.collect and self.only is None and (self.shard or (0, 1))[0] > 0:
+      self._wait([directory], lambda d: os.path.exists(os.path.join(d, "eval.json")))  # shard 0 makes it
     if not self.collect and self.only is None:
       self.state.warm = warm_start(self.study, directory)
     else:
       self.state.warm = results.read_json(os.path.join(directory, "eval.json"))
     return self.state.warm
 
+  def scores(self, stage: str, loss: str, settings: list[plan.Setting]) -> dict:
+    """setting -> its validation AUC, the mean over the tuning seeds (None until every seed's run finished)."""
+    cells = plan.tuning_cells(self.study, loss, settings)
+    aucs: dict = {}
+    for cell, result in zip(cells, self.run_all(stage, cells)):
+      aucs.setdefault(cell.setting, []).append(tuning.auc(result.curve()) if result is not None else None)
+    return {s: None if None in v else sum(v) / len(v) for s, v in aucs.items()}
+
   def tune(self, stage: str, losses: tuple[str, ...]) -> None:
-    """Every point of each loss's grid on the tuning seed; the largest AUC wins (tuning.choose)."""
+    """Every point of each loss's grid on the tuning seeds; the largest mean AUC wins (tuning.choose); a winner at
+    an edge of an axis adds the next point on it (tuning.extension), up to tuning.MAX_EXTENSIONS times."""
     for loss in losses:
-      scores = {}
-      for cell in plan.tuning_cells(self.study, loss):
-        result = self.run(stage, cell)
-        scores[cell.setting] = tuning.auc(result.curve()) if result is not None else None
+      grid = self.study.grid(loss)
+      scores = self.scores(stage, loss, grid)
+      for _ in range(tuning.MAX_EXTENSIONS if not self.study.smoke else 0):
+        finished = {s: v for s, v in scores.items() if v is not None}
+        if len(finished) < len(scores):
+          break
+        added = tuning.extension(grid, tuning.choose(finished), loss == "oapl" and self.study.beta2_by_strength)
+        if not added:
+          break
+        print(f"[claims] {loss}: the winner {tuning.choose(finished)} is at an edge of its grid; adding "
+              f"{', '.join(map(str, added))}", flush=True)
+        self.state.extended.setdefault(loss, []).extend(added)
+        grid = grid + added
+        scores.update(self.scores("grid extension", loss, added))
       self.state.tuning[loss] = scores
       finished = {s: v for s, v in scores.items() if v is not None}
       if finished:
@@ -174,8 +230,8 @@ class Runner:
     """Every primary arm at its middle grid point; False when the study must stop."""
     s, study = self.state, self.study
     curves = {}
-    for cell in plan.pilot_cells(study):
-      r = self.run("pilot", cell)
+    cells = plan.pilot_cells(study)
+    for cell, r in zip(cells, self.run_all("pilot", cells)):
       if r is not None:
         curves[cell.arm.name] = r.curve()
     main = study.tuning_arm("oapl").name
@@ -195,6 +251,12 @@ class Runner:
     if not s.pilot.ok and not study.smoke:  # the smoke's 5-step warm start cannot learn; it goes on
       s.stopped = "the pilot failed: " + s.pilot.message
       return False
+    if study.beta2_by_strength:
+      cell = next(c for c in cells if c.arm.name == main)
+      share = lag_stats.beta2_share(results.load(self.runs_dir, cell), cell.setting[1])
+      s.strength = tuning.beta2_by_strength(share, cell.setting[1])
+      self.study = dataclasses.replace(study, knob_values=(("oapl", s.strength.values),))
+      print(f"[claims] {s.strength.message}", flush=True)
     return True
 
   def study_all(self) -> State:
@@ -208,7 +270,7 @@ class Runner:
     if self.stage == "pilot":
       s.stopped = "--stage pilot: the warm start and the pilot, nothing more"
       return s
-    self.tune("tuning", plan.PRIMARY_LOSSES)
+    self.tune("tuning", self.study.primary_losses())
     if self.stage == "tuning":
       s.stopped = "--stage tuning: the warm start, the pilot and the tuning grid, nothing more"
       return s
@@ -220,8 +282,7 @@ class Runner:
     return s
 
   def main(self, stage: str, tiers: tuple[str, ...]) -> None:
-    for cell in plan.main_cells(self.study, self.state.chosen, tiers):
-      self.run(stage, cell)
+    self.run_all(stage, plan.main_cells(self.study, self.state.chosen, tiers))
 
 
 def enable_compile_cache(directory: str) -> None:

@@ -46,16 +46,20 @@ def rules_lines(study: plan.Study) -> list[str]:
   return [
       "## Rules fixed before any run", "",
       f"- Pilot: every primary arm ({', '.join(a.name for a in study.primary_arms())}) at its loss's middle grid "
-      f"point on the tuning seed {plan.TUNE_SEED}. The main OAPL arm's validation pass@1 at mid-run (step "
+      f"point on the tuning seed {study.tune_seeds[0]}. The main OAPL arm's validation pass@1 at mid-run (step "
       f"{study.steps // 2}) must be at least the warm start's + {tuning.PILOT_GAIN}, else the study stops (change the "
       f"task, never the losses). Headroom: each primary arm's validation pass@1 at mid-run must be below "
       f"{tuning.HEADROOM}; if any arm is not, the primary metric is the area under the validation pass@1 curve "
       "instead of the final test pass@1.",
-      f"- Tuning, the same budget for every method: {len(study.grid('oapl'))} points per loss on seed "
-      f"{plan.TUNE_SEED} (never a main seed), each loss's learning rate x its own binding knob ({grids}). The "
-      "winner is the point with the largest area under the validation pass@1 curve (ties: the smaller lr, then "
-      "the smaller knob). Every arm of a loss uses the loss's chosen point. A winner at the grid's edge is reported, "
-      "not extended.",
+      f"- Tuning, the same budget for every method: {len(study.grid('oapl'))} points per loss on "
+      f"seed{'s' if len(study.tune_seeds) > 1 else ''} {', '.join(map(str, study.tune_seeds))} (never a main seed), "
+      f"each loss's learning rate x its own binding knob ({grids})"
+      + (f"; OAPL's beta2 set by strength from the pilot (targets {', '.join(map(str, tuning.STRENGTH_TARGETS))} "
+         "for beta2's share of the residual)" if study.beta2_by_strength else "") + ". The winner is the point with "
+      "the largest area under the validation pass@1 curve (mean over the tuning seeds; ties: the smaller lr, then "
+      "the smaller knob). Every arm of a loss uses the loss's chosen point. A winner at an edge of its grid adds "
+      f"the next point on that axis (lr: the 1-3-10 series; the knob: /2 or x2, by decades for beta2 by strength), "
+      f"at most {tuning.MAX_EXTENSIONS} times.",
       f"- Claims 2 and 4 compare at matched validation pass@1 (per seed: the highest level both arms reached, each "
       "arm's metric interpolated on the eval grid at its first crossing); their matched-steps forms are reported "
       f"beside them. Claim 3 is L = {study.long_lag} ({study.steps // study.long_lag} windows) against "
@@ -109,7 +113,10 @@ def _warm_lines(state: claims.State) -> list[str]:
 
 
 def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list[str]:
-  lines = ["## Tuning (seed %d; validation pass@1 of the current policy on the step grid)" % plan.TUNE_SEED, "",
+  seeds = ", ".join(map(str, study.tune_seeds))
+  lines = [f"## Tuning (seed{'s' if len(study.tune_seeds) > 1 else ''} {seeds}; validation pass@1 of the current "
+           "policy on the step grid; with several seeds the AUC is their mean, the final pass@1 the first's)", "",
+           *([state.strength.message, ""] if state.strength else []),
            "| loss | tuned in | lr | knob | AUC (mean val pass@1) | final val pass@1 | chosen |",
            "|---|---|---|---|---|---|---|"]
   unrun = [loss for loss, scores in state.tuning.items() if all(v is None for v in scores.values())]
@@ -129,10 +136,13 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
                  "points that ran (interim; the rule picks among all of them).")
   if unrun:
     lines.append(f"\nNot run: {', '.join(f'{loss} ({len(study.grid(loss))} points)' for loss in unrun)}.")
+  for loss, added in state.extended.items():
+    lines.append(f"\n{loss}: the winner sat at an edge; added {', '.join(map(str, added))}.")
   edges = [loss for loss, (lr, v) in state.chosen.items()
-           if tuning.edge(study.learning_rates, lr) or tuning.edge(plan.KNOBS[loss][1], v)]
+           if tuning.edge(sorted({p[0] for p in state.tuning[loss]}), lr)
+           or tuning.edge(sorted({p[1] for p in state.tuning[loss]}), v)]
   if edges and not study.smoke:
-    lines.append(f"\nWinners at an edge of their grid (reported, not extended): {', '.join(edges)}.")
+    lines.append(f"\nWinners still at an edge of their grid: {', '.join(edges)}.")
   return lines + [""]
 
 

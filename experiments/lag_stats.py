@@ -23,6 +23,14 @@ def _values(r: results.RunResult, key: str) -> np.ndarray:
   return np.asarray([v for _, v in results.series(r.history, key)], np.float64)
 
 
+def beta2_share(r: results.RunResult, beta2: float) -> float:
+  """OAPL's beta2 x |log pi - log pi_sampler| over the advantage's spread: the mean over steps with a reward signal
+  (nan with none), how much of the residual the trust region is."""
+  ratio, spread = _values(r, "train/log_ratio_abs_mean"), _values(r, "train/advantage_std")
+  signal = spread > 1e-6
+  return float(np.mean(beta2 * ratio[signal] / spread[signal])) if signal.any() else float("nan")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunStats:
   seed: int
@@ -74,10 +82,7 @@ def run_stats(r: results.RunResult, warm_test_pass1: float, beta2: Optional[floa
   window_end = [v for s, v in zip(steps, drift) if s % lag == lag - 1]
   grad = _values(r, "train/grad_norm")
   if r.cell.arm.loss == "oapl":
-    ratio, spread = _values(r, "train/log_ratio_abs_mean"), _values(r, "train/advantage_std")
-    signal = spread > 1e-6
-    knob = float(np.mean(beta2 * ratio[signal] / spread[signal])) if signal.any() else float("nan")
-    tis = float("nan")
+    knob, tis = beta2_share(r, beta2), float("nan")
   else:
     knob, tis = float(np.mean(_values(r, "train/clip_fraction"))), float(np.mean(_values(r, "train/tis_weight_mean")))
   tokens, rate = _values(r, "train/tokens"), _values(r, "train/tokens_per_second")

@@ -101,16 +101,23 @@ class Study:
   secondary: bool = True  # run the secondary baselines and the beta1 probe after the claims' cells
   final_samples: Optional[tuple[int, tuple[int, ...]]] = None  # the end-of-run test eval's (samples, ks), if not
   # the harness's default (experiments/claims.FINAL_SAMPLES)
+  tune_seeds: tuple[int, ...] = (TUNE_SEED,)  # a tuning point's AUC is its mean over these seeds
+  claim1_only: bool = False  # only claim 1's arms (the main OAPL arm, off-by-one GRPO): pilot, tuning, main
+  knob_values: tuple[tuple[str, tuple[float, ...]], ...] = ()  # (loss, values): a knob grid other than KNOBS'
+  # (the strength rule sets OAPL's after the pilot: tuning.beta2_by_strength)
+  beta2_by_strength: bool = False  # set OAPL's beta2 grid from the pilot's measured beta2 share
 
   def arms(self) -> dict[str, Arm]:
     """name -> arm, in priority order within a seed."""
     L, LL = self.lag, self.long_lag
     out = [Arm(f"oapl_L{L}", "oapl", "fresh", L, "claim"),
            Arm("grpo_obo", "grpo", "off_by_one", 2, "claim"),
-           Arm(f"oapl_L{LL}", "oapl", "fresh", LL, "claim"),
+           *(() if self.claim1_only else (Arm(f"oapl_L{LL}", "oapl", "fresh", LL, "claim"),)),
            Arm(f"oapl_L{L}_reuse2", "oapl", "reuse2", L, "claim"),
            Arm("grpo_onpolicy", "grpo_onpolicy", "on_policy", 1, "baseline")]
-    if self.secondary:
+    if self.claim1_only:
+      out = out[:2]
+    elif self.secondary:
       out += [Arm(f"{loss}_L{L}", loss, "fresh", L, "secondary") for loss in SECONDARY_LOSSES]
       out += [Arm(f"oapl_L1_beta1_{b:g}", "oapl", "on_policy", 1, "probe",
                   (("trainer.loss_settings.oapl.beta1", b),)) for b in BETA1_PROBE]
@@ -124,9 +131,13 @@ class Study:
     """The arm a loss is tuned in (its main cell); its setting then serves every arm of that loss."""
     return self.arms()[{"grpo": "grpo_obo", "grpo_onpolicy": "grpo_onpolicy"}.get(loss, f"{loss}_L{self.lag}")]
 
+  def knob_grid(self, loss: str) -> tuple[float, ...]:
+    """The values of the loss's knob that its tuning grid crosses with the learning rates."""
+    return dict(self.knob_values).get(loss, KNOBS[loss][1])
+
   def grid(self, loss: str) -> list[Setting]:
     """The loss's tuning grid: every learning rate x every value of its knob (the same size for every loss)."""
-    values = KNOBS[loss][1]
+    values = self.knob_grid(loss)
     if self.knob_points == 1:
       values = (values[len(values) // 2],)
     return [(lr, v) for lr in self.learning_rates for v in values]
@@ -136,8 +147,12 @@ class Study:
     lrs, values = self.learning_rates, KNOBS[loss][1]
     return lrs[len(lrs) // 2], values[len(values) // 2]
 
+  def primary_losses(self) -> tuple[str, ...]:
+    """The losses tuned before the main cells (claim 1's two only, in a claim-1 study)."""
+    return PRIMARY_LOSSES[:2] if self.claim1_only else PRIMARY_LOSSES
+
   def losses(self) -> tuple[str, ...]:
-    return PRIMARY_LOSSES + (SECONDARY_LOSSES if self.secondary else ())
+    return self.primary_losses() + (SECONDARY_LOSSES if self.secondary and not self.claim1_only else ())
 
   def cell(self, arm: Arm, setting: Setting, seed: int) -> Cell:
     return Cell(arm, tuple(setting), seed, self.name)
@@ -159,11 +174,12 @@ def study_config(task: Optional[str], config: Optional[str]) -> tuple[str, str]:
 
 def make_study(task: Optional[str] = None, config: Optional[str] = None, smoke: bool = False, secondary: bool = True,
                steps: Optional[int] = None, seeds: Optional[Sequence[int]] = None,
-               sets: Optional[dict] = None) -> Study:
+               sets: Optional[dict] = None, **rules) -> Study:
   """The study of a named task (configs/claims.py) or of any config; the smoke: S = 4, lags 2 and 4, 2 seeds,
   one tuning point per loss, a 5-step warm start, 8 validation prompts. `sets` (dotted field -> value) reshape
   the task for the study in every cell and the warm start (e.g. a smaller batch); they name the study's
-  directory too, so a reshaped study never resumes another's runs."""
+  directory too, so a reshaped study never resumes another's runs. `rules`: the Study's tune_seeds, claim1_only,
+  beta2_by_strength."""
   from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
   name, spec = study_config(task, config)
   if smoke and spec.startswith(os.path.relpath(CLAIMS_CONFIG, REPO)):
@@ -178,11 +194,11 @@ def make_study(task: Optional[str] = None, config: Optional[str] = None, smoke: 
     shared = (*sets.items(), ("warmstart.steps", min(int(cfg.warmstart.steps), 5)), ("eval.num_prompts", 8),
               ("loop.batch_prompts", batch))
     return Study(name, spec, True, steps=4, lag=2, long_lag=4, batch=batch, every_steps=2, shared=shared,
-                 seeds=(0, 1), seed_rounds=(1, 2), learning_rates=(1e-4,), knob_points=1, secondary=False)
+                 seeds=(0, 1), seed_rounds=(1, 2), learning_rates=(1e-4,), knob_points=1, secondary=False, **rules)
   from configs import claims as c  # pylint: disable=import-outside-toplevel
   every = int(cfg.eval.every_steps) or c.EVAL_EVERY_STEPS
   study = Study(name, spec, False, steps or c.STEPS, c.LAG, c.LONG_LAG, batch, every, shared=tuple(sets.items()),
-                secondary=secondary)
+                secondary=secondary, **rules)
   return dataclasses.replace(study, seeds=tuple(seeds)) if seeds else study
 
 
@@ -229,13 +245,15 @@ def command(study: Study, cell: Cell, warm_dir: str, workdir: str) -> str:
 
 # ------------------------------------------------------------------------------ the order of the cells
 def tuning_cells(study: Study, loss: str, settings: Optional[Sequence[Setting]] = None) -> list[Cell]:
+  """The loss's grid (or `settings`) on every tuning seed: the first seed's whole grid, then the next's."""
   arm = study.tuning_arm(loss)
-  return [study.cell(arm, s, TUNE_SEED) for s in (study.grid(loss) if settings is None else settings)]
+  return [study.cell(arm, s, seed) for seed in study.tune_seeds
+          for s in (study.grid(loss) if settings is None else settings)]
 
 
 def pilot_cells(study: Study) -> list[Cell]:
   """Every primary arm at its loss's middle grid point on the tuning seed (the tuning arms' are tuning runs too)."""
-  return [study.cell(a, study.middle(a.loss), TUNE_SEED) for a in study.primary_arms()]
+  return [study.cell(a, study.middle(a.loss), study.tune_seeds[0]) for a in study.primary_arms()]
 
 
 def main_cells(study: Study, chosen: dict[str, Setting], tiers: Sequence[str] = ("claim", "baseline")) -> list[Cell]:

@@ -7,6 +7,8 @@ start, then run (or resume) every cell in priority order, then write the report.
   python -m experiments.study --task arithmetic --out reports/claims_v3 --stage tuning  # warm start, pilot, grid
   python -m experiments.study --task arithmetic --out reports/claims_v3 --collect   # report only
   python -m experiments.study --config configs/own_task.py --set loop.batch_prompts=4 --out reports/own_b4  # reshaped
+  python -m experiments.study --config configs/claims.py:code --claim1_only --tune_seeds 1000,1001 \
+      --beta2_by_strength --shard 0/2 --out reports/code   # claim 1 only, two tuning seeds, one of two processes
 
 --task NAME is configs/claims.py:NAME (arithmetic, hard_tail); --config FILE[:ARG] is the file a user trains with
 (experiments/task_config.py splits its eval sets into validation and test: sets named test* are the test).
@@ -39,6 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                       help="reshape the task for the study (every cell and the warm start), e.g. loop.batch_prompts=4")
   parser.add_argument("--no_secondary", action="store_true", help="skip opmd, asymre and the beta1 probe")
+  parser.add_argument("--claim1_only", action="store_true",
+                      help="only claim 1's arms (the main OAPL arm, off-by-one GRPO): their pilot, tuning, main seeds")
+  parser.add_argument("--tune_seeds", default=str(plan.TUNE_SEED),
+                      help="tuning seeds, comma-separated; a point's AUC is the mean over them (default %(default)s)")
+  parser.add_argument("--beta2_by_strength", action="store_true",
+                      help="set OAPL's beta2 grid from the pilot's measured beta2 share (tuning.STRENGTH_TARGETS)")
+  parser.add_argument("--shard", metavar="I/N", help="run the I-th of every N cells of each stage, waiting for the "
+                      "others' before the next (N processes, e.g. one per core; shard 0 makes the warm start)")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -46,22 +56,29 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
     sets = dict(files.parse_override(s) for s in args.set)
+    tune_seeds = tuple(int(s) for s in args.tune_seeds.split(","))
+    if set(tune_seeds) & set(seeds or plan.MAIN_SEEDS):
+      raise ValueError(f"--tune_seeds {args.tune_seeds}: a tuning seed must never be a main seed")
+    shard = tuple(int(x) for x in args.shard.split("/")) if args.shard else None
+    if shard is not None and (len(shard) != 2 or not 0 <= shard[0] < shard[1]):
+      raise ValueError(f"--shard {args.shard}: expected I/N with 0 <= I < N, e.g. 0/2")
     study = plan.make_study(args.task, args.config, smoke=args.smoke, secondary=not args.no_secondary, seeds=seeds,
-                            sets=sets)
+                            sets=sets, tune_seeds=tune_seeds, claim1_only=args.claim1_only,
+                            beta2_by_strength=args.beta2_by_strength)
   except Exception as e:  # pylint: disable=broad-except  # a bad path, variant or import in the config file
     print(f"error: {e}", file=sys.stderr)
     return 2
   runs_dir = args.runs or os.path.join("runs", "claims_smoke" if args.smoke else "claims")
   claims.enable_compile_cache(os.path.join(runs_dir, "jax_cache"))
   start = time.time()
-  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage)
+  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage, shard=shard)
   try:
     with stopping.one_line_stop("claims"):
       state = runner.study_all()
   except task_config.ConfigRefused as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  path = claims_report.write_report(study, runs_dir, args.out, state, elapsed=time.time() - start)
+  path = claims_report.write_report(runner.study, runs_dir, args.out, state, elapsed=time.time() - start)
   print(f"[claims] report: {path} ({time.time() - start:.0f}s)", flush=True)
   if state.stopped:
     print(f"[claims] stopped: {state.stopped}", flush=True)

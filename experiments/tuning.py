@@ -5,6 +5,7 @@ choice of each loss's setting (area under the validation curve).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -15,6 +16,11 @@ HEADROOM = 0.9  # every primary arm's validation pass@1 at mid-run below this, e
 PRIMARY_METRICS = {"final": "test pass@1 of the final policy (every primary arm had headroom at mid-run)",
                    "auc": f"the area under the validation pass@1 curve (an arm reached {HEADROOM} by mid-run: a final "
                           "pass@1 at the ceiling cannot separate methods)"}
+
+# OAPL's beta2 grid by strength: beta2's share of the residual (beta2 x |log pi - log pi_sampler| over the
+# advantage's spread, the pilot's mean over steps with a reward signal) at three targets a decade apart
+STRENGTH_TARGETS = (0.03, 0.3, 3.0)  # negligible, balanced, dominant
+PAPER_BETA2 = 1e-3  # added to the grid where its predicted share is at least the negligible target
 
 Curve = Sequence[tuple[int, float]]  # (trainer step, value), steps ascending
 
@@ -35,6 +41,61 @@ def choose(scores: Mapping):
   if not scores:
     raise ValueError("choose: no tuning point finished")
   return min(scores, key=lambda setting: (-scores[setting], setting))
+
+
+@dataclasses.dataclass(frozen=True)
+class Strength:
+  share: float  # measured in the pilot at `beta2`
+  beta2: float
+  values: tuple[float, ...]  # the grid: one beta2 per target (two significant digits), the paper's where it counts
+  paper_share: float  # the share predicted for the paper's beta2
+
+  @property
+  def message(self) -> str:
+    said = "in the grid" if PAPER_BETA2 in self.values else f"below the negligible {STRENGTH_TARGETS[0]}: left out"
+    return (f"beta2 by strength: the pilot's share {self.share:.3g} at beta2 {self.beta2:g}; targets "
+            f"{', '.join(f'{t:g}' for t in STRENGTH_TARGETS)} -> beta2 {', '.join(f'{v:g}' for v in self.values)} "
+            f"(the paper's {PAPER_BETA2:g}: predicted share {self.paper_share:.2g}, {said})")
+
+
+def beta2_by_strength(share: float, beta2: float) -> Strength:
+  """OAPL's beta2 grid from the share measured at `beta2`, taking the share as proportional to beta2 (a stronger
+  beta2 also shrinks the log-ratio it multiplies, so the realised shares spread less than the targets: the
+  report shows the measured ones)."""
+  if not (share > 0 and math.isfinite(share)):
+    raise ValueError(f"beta2 by strength needs a positive measured share, got {share} (did the pilot's OAPL run "
+                     "have any step with a reward signal?)")
+  values = [float(f"{beta2 * target / share:.2g}") for target in STRENGTH_TARGETS]
+  paper_share = share * PAPER_BETA2 / beta2
+  if paper_share >= STRENGTH_TARGETS[0] and PAPER_BETA2 not in values:
+    values.append(PAPER_BETA2)
+  return Strength(share, beta2, tuple(sorted(values)), paper_share)
+
+
+MAX_EXTENSIONS = 3  # a winner still at an edge after this many extensions is reported as such
+
+
+def _next_lr(lr: float, direction: int) -> float:
+  """The learning-rate grid's own 1-3-10 series continued one step down (-1) or up (+1): 3e-5 -> 1e-5, 3e-4 -> 1e-3."""
+  return float(f"{10 ** (round(2 * math.log10(lr)) / 2 + direction / 2):.0g}")
+
+
+def extension(grid: Sequence[tuple[float, float]], winner: tuple[float, float], decade_knob: bool = False) -> list:
+  """The points a winner at an edge adds (the rule fixed before the runs): on each axis where it sits at the
+  smallest or largest value, the next value past it (lr: the 1-3-10 series; the knob: /2 or x2, or /10 or x10
+  for a grid spaced by decades, OAPL's beta2 by strength), crossed with every value of the other axis."""
+  lrs, knobs = sorted({lr for lr, _ in grid}), sorted({k for _, k in grid})
+  factor = 10.0 if decade_knob else 2.0
+  added = []
+  side = edge(lrs, winner[0])
+  if side:
+    lr = _next_lr(winner[0], -1 if side == "low" else 1)
+    added += [(lr, k) for k in knobs]
+  side = edge(knobs, winner[1])
+  if side:
+    knob = float(f"{winner[1] / factor if side == 'low' else winner[1] * factor:.3g}")
+    added += [(lr, knob) for lr in lrs]
+  return [p for p in dict.fromkeys(added) if p not in set(grid)]
 
 
 def edge(grid: Sequence[float], winner: float) -> str | None:

@@ -1,0 +1,100 @@
+"""The study's tuning rules (experiments/tuning.py, plan.py, claims.Runner): the edge extension, OAPL's beta2 grid by
+strength, several tuning seeds, a claim-1 study, and shards that split a stage's cells and meet at its end. The
+runs are stand-ins written by a fake `claims.execute` whose validation curve is a known function of the setting."""
+import json
+import math
+import os
+import threading
+
+import pytest
+
+from experiments import claims, plan, results, tuning
+
+GRID = [(lr, k) for lr in (3e-5, 1e-4, 3e-4) for k in (0.1, 0.25, 0.5)]
+
+
+def test_extension_continues_each_axis_where_the_winner_sits_at_its_edge():
+  assert tuning.extension(GRID, (1e-4, 0.25)) == []
+  assert tuning.extension(GRID, (3e-5, 0.25)) == [(1e-5, 0.1), (1e-5, 0.25), (1e-5, 0.5)]
+  assert tuning.extension(GRID, (3e-4, 0.5)) == [(1e-3, 0.1), (1e-3, 0.25), (1e-3, 0.5),
+                                                 (3e-5, 1.0), (1e-4, 1.0), (3e-4, 1.0)]
+  assert tuning.extension(GRID, (1e-4, 0.1), decade_knob=True) == [(3e-5, 0.01), (1e-4, 0.01), (3e-4, 0.01)]
+  extended = GRID + tuning.extension(GRID, (3e-5, 0.25))
+  assert tuning.extension(extended, (3e-5, 0.25)) == []  # 1e-5 is the edge now
+
+
+def test_beta2_by_strength_scales_the_measured_share_to_each_target():
+  s = tuning.beta2_by_strength(0.5, 0.25)  # share proportional to beta2: beta2 = 0.25 x target / 0.5
+  assert s.values == tuple(0.25 * t / 0.5 for t in tuning.STRENGTH_TARGETS) == (0.015, 0.15, 1.5)
+  assert math.isclose(s.paper_share, 0.5 * 1e-3 / 0.25) and tuning.PAPER_BETA2 not in s.values
+  long_answers = tuning.beta2_by_strength(50.0, 0.25)  # a large log-ratio (long responses): 1e-3 means something
+  assert long_answers.paper_share == pytest.approx(0.2) and tuning.PAPER_BETA2 in long_answers.values
+  for bad in (0.0, float("nan")):
+    with pytest.raises(ValueError, match="positive measured share"):
+      tuning.beta2_by_strength(bad, 0.25)
+
+
+def test_claim1_study_has_two_arms_and_tunes_on_every_seed():
+  study = plan.make_study("arithmetic", claim1_only=True, tune_seeds=(1000, 1001))
+  assert list(study.arms()) == ["oapl_L50", "grpo_obo"] and study.primary_losses() == ("oapl", "grpo")
+  cells = plan.tuning_cells(study, "oapl")
+  assert [c.seed for c in cells] == [1000] * 9 + [1001] * 9  # the first seed's whole grid first
+  assert [c.setting for c in cells[:9]] == [c.setting for c in cells[9:]] == study.grid("oapl")
+  assert {c.seed for c in plan.pilot_cells(study)} == {1000}
+
+
+# ----------------------------------------------------------------- the runner, on stand-in runs
+BEST_LR = 1e-5  # the fake curve's best learning rate: below the grid, so the rule must extend once to reach it
+
+
+def _fake_auc(cell):
+  lr, knob = cell.setting
+  return 0.8 - 0.1 * abs(math.log10(lr / BEST_LR)) - 0.01 * abs(math.log10(knob / 0.15)) + 0.001 * (cell.seed - 1000)
+
+
+def _fake_execute(calls, lock):
+  def execute(study, cell, workdir, warm_dir):
+    with lock:
+      calls.append(cell.name)
+    level = _fake_auc(cell)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      for step in range(0, study.steps + 1, study.steps // 2):  # flat curve at the AUC; rises for the pilot
+        value = 0.3 + (0.4 if step else 0.0) if cell.seed == 1000 and "lr0.0001_" in cell.name else level
+        f.write(json.dumps({"step": step, "policy_eval/val/pass@1": value}) + "\n")
+      f.write(json.dumps({"step": 1, "train/log_ratio_abs_mean": 2.0, "train/advantage_std": 1.0}) + "\n")
+    final = {"generations": 1, "trainer_steps": study.steps, "wall_seconds": 0.0, "test": {"test": {"pass@1": level}}}
+    results.write_json(os.path.join(workdir, results.FINAL_EVAL), final)
+    return final
+  return execute
+
+
+def test_shards_run_each_cell_once_extend_past_the_edge_and_agree(tmp_path, monkeypatch):
+  calls, lock = [], threading.Lock()
+  monkeypatch.setattr(claims, "execute", _fake_execute(calls, lock))
+  def warm_start(study, directory):  # shard 0 makes it; the other waits for its eval.json
+    results.write_json(os.path.join(directory, "eval.json"), {"val": {}, "test": {}})
+    return {"val": {}, "test": {}}
+  monkeypatch.setattr(claims, "warm_start", warm_start)
+  study = plan.make_study("arithmetic", claim1_only=True, tune_seeds=(1000, 1001), beta2_by_strength=True)
+  runners = [claims.Runner(study, str(tmp_path), stage="tuning", shard=(i, 2), poll_seconds=0.01) for i in range(2)]
+  threads = [threading.Thread(target=r.study_all, daemon=True) for r in runners]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=120)
+  assert not any(t.is_alive() for t in threads)
+  assert len(calls) == len(set(calls))  # no cell ran twice
+  a, b = (r.state for r in runners)
+  assert a.strength.values == b.strength.values == (0.015, 0.15, 1.5)  # share 0.25 x 2 / 1 = 0.5 at beta2 0.25
+  assert a.chosen == b.chosen == {"oapl": (BEST_LR, 0.15), "grpo": (BEST_LR, 0.2)}
+  assert a.extended["oapl"][:3] == [(1e-5, 0.015), (1e-5, 0.15), (1e-5, 1.5)]  # the lr edge, then 3e-6 past it
+  assert [p[0] for p in a.extended["oapl"][3:]] == [3e-6] * 3
+  ran = {c.split("/")[1] + "/" + c.split("/")[2] for c in calls}
+  for lr, knob in [*runners[0].study.grid("oapl"), *a.extended["oapl"]]:
+    assert f"oapl_L50/lr{lr:g}_beta2{knob:g}" in ran
+  seeds = {c.rsplit("/", 1)[1] for c in calls}
+  assert seeds == {"seed1000", "seed1001"}  # tuning only: no main seed ran
+  # the mean over seeds decides: seed 1001 is 0.001 higher everywhere, so each point's mean is the fake AUC + 0.0005
+  cell = plan.tuning_cells(runners[0].study, "oapl", [(BEST_LR, 0.15)])[0]
+  assert a.tuning["oapl"][(BEST_LR, 0.15)] == pytest.approx(_fake_auc(cell) + 0.0005)
