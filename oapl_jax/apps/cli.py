@@ -111,17 +111,19 @@ def console_logging() -> None:
 
 
 def run(main, argv: Optional[Sequence[str]] = None) -> None:
-  """Exit with main's code; a bad path, config, data or checkpoint to load, or a workdir another run holds, is one
-  message (every problem listed), exit 2, not a traceback; a checkpoint that could not be written (a full disk) one
-  line, exit 1; Ctrl-C (KeyboardInterrupt) one line, exit 130 (what the work did on the way out is its own)."""
+  """Exit with main's code; a bad path, config, data or checkpoint to load, or a workdir another run holds or this
+  user cannot write in, is one message (every problem listed), exit 2, not a traceback; a checkpoint that could not
+  be written (a full disk) one line, exit 1; Ctrl-C (KeyboardInterrupt) one line, exit 130 (what the work did on the
+  way out is its own)."""
   from oapl_jax.models.safetensors_io import CheckpointError  # pylint: disable=import-outside-toplevel
   from oapl_jax.sections import ConfigError  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.sources import DataError  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run_dir import ConfigChanged, RunDirBusy  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run_dir import ConfigChanged, RunDirBusy, WorkdirUnwritable  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.base import RewardError  # pylint: disable=import-outside-toplevel
   try:
     code = main(argv)
-  except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError, RunDirBusy, CheckpointError) as e:
+  except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError, RunDirBusy, WorkdirUnwritable,
+          CheckpointError) as e:
     print(f"error: {e}", file=sys.stderr)
     code = 2
   except KeyboardInterrupt:
