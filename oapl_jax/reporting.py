@@ -1,6 +1,7 @@
 """Metrics out of a run: clu writers (TensorBoard + console), progress with ETA, a JSONL history,
 and at the end a PNG learning curve and a short summary. Only process 0 writes files."""
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -15,6 +16,37 @@ import jax
 import numpy as np
 
 from oapl_jax import run_dir
+
+
+class MetricsUnwritable(RuntimeError):
+  """metrics.jsonl could not be written (a directory in its place, a full disk): the run stops, one line."""
+
+  def __init__(self, path: str, doing: str, cause: OSError):
+    super().__init__(f"{path} could not be {doing} ({cause.strerror or cause}): the run stopped, no line half-written; "
+                     "make it a writable file (or move it aside), then run the same command to resume from the last "
+                     "checkpoint")
+
+
+def _append_whole_line(path: str, line: str) -> None:
+  """Appends `line` to `path` whole or not at all: a write that fails part way (a full disk, a file-size limit)
+  is cut back off, so a reader never meets half a line."""
+  data = line.encode()
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    size = os.fstat(fd).st_size
+    try:
+      written = 0
+      while written < len(data):  # a short write: the next one says why (ENOSPC, EFBIG)
+        n = os.write(fd, data[written:])
+        if n == 0:
+          raise OSError(errno.EIO, "the write took no bytes")
+        written += n
+    except OSError:
+      with contextlib.suppress(OSError):
+        os.ftruncate(fd, size)
+      raise
+  finally:
+    os.close(fd)
 
 
 class _NoEvents:
@@ -190,14 +222,19 @@ class Reporter:
     self._writer_lock = threading.Lock()
 
   def resume_from(self, step: int) -> None:
-    """A resumed run re-runs steps >= `step`: drop them from metrics.jsonl and rebuild TensorBoard's
-    events from what is kept, so no point is logged twice."""
+    """A resumed run re-runs steps >= `step`: drop them from metrics.jsonl (rewritten through a tmp file and a
+    rename: MetricsUnwritable where it cannot be) and rebuild TensorBoard's events from what is kept, so no point
+    is logged twice."""
     self._earlier_attempt = []  # continued, not set aside
     if not self.is_main:
       return
-    kept = [h for h in self.history() if h["step"] < step or any(k.startswith("warmstart/") for k in h)]
-    with open(self.history_path, "w") as f:
-      f.writelines(json.dumps(h) + "\n" for h in kept)
+    try:
+      kept = [h for h in self.history() if h["step"] < step or any(k.startswith("warmstart/") for k in h)]
+      with open(self.history_path + ".tmp", "w") as f:
+        f.writelines(json.dumps(h) + "\n" for h in kept)
+      os.replace(self.history_path + ".tmp", self.history_path)
+    except OSError as e:
+      raise MetricsUnwritable(self.history_path, f"rewritten to resume at step {step}", e) from None
     self.writer.close()
     for name in os.listdir(self.workdir):
       if name.startswith("events.out.tfevents"):
@@ -228,8 +265,10 @@ class Reporter:
     with self._writer_lock:
       self.writer.write_scalars(step, metrics)
     if self.is_main:
-      with open(self.history_path, "a") as f:
-        f.write(json.dumps({"step": step, **metrics}) + "\n")
+      try:
+        _append_whole_line(self.history_path, json.dumps({"step": step, **metrics}) + "\n")
+      except OSError as e:
+        raise MetricsUnwritable(self.history_path, f"written at step {step}", e) from None
 
   def texts(self, step: int, texts: Mapping[str, str]) -> None:
     """Markdown to TensorBoard's text panel (e.g. a table of an eval's generations: oapl_jax/generations.py)."""

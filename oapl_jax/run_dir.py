@@ -14,8 +14,9 @@ dies, however it dies) and holding {"pid", "host", "since"} of its holder. A sec
 naming them. A record left by a holder that is gone (flock free) is taken over with a warning when it names
 this host; one naming another host is refused unless `force` (where flock does not reach across hosts, as
 on some network filesystems, this host cannot tell whether that run still lives). A filesystem without
-flock leaves the record alone to decide: same host, pid alive -> refused. Only process 0 of a
-multi-process run takes it (the workdir is shared); the others learn its answer.
+flock leaves the record alone to decide: same host, pid alive -> refused. A workdir this user cannot write in
+is WorkdirUnwritable when the lock is taken, before anything is written. Only process 0 of a multi-process run
+takes it (the workdir is shared); the others learn its answer.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import json
 import logging
 import os
 import socket
+import tempfile
 import time
 from typing import Any, Mapping, Optional
 
@@ -181,6 +183,14 @@ class RunDirBusy(RuntimeError):
   """Another run holds the run directory (or may: see the module docstring)."""
 
 
+class WorkdirUnwritable(RuntimeError):
+  """The run directory cannot be created or written (read-only, another user's): found before any work."""
+
+  def __init__(self, workdir: str, reason: str):
+    super().__init__(f"cannot write in the workdir {workdir} ({reason}): make it writable for this user, or give "
+                     "another workdir")
+
+
 class RunLock:
   """An exclusive lock on one run directory (see the module docstring); `release()` when the run ends."""
 
@@ -191,8 +201,13 @@ class RunLock:
   def acquire(self, force: bool = False) -> "RunLock":
     if self.path in _held:
       _held.pop(self.path).release()
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    workdir = os.path.dirname(self.path)
+    try:  # a read-only or foreign workdir is one line here, before the run writes anything
+      os.makedirs(workdir, exist_ok=True)
+      tempfile.TemporaryFile(dir=workdir).close()  # it takes a new file (a run.lock there may open even so)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise WorkdirUnwritable(workdir, e.strerror or str(e)) from None
     try:
       flocked = _try_flock(fd)
       holder = _read_record(fd)
@@ -230,12 +245,13 @@ class RunLock:
 
 
 def lock(workdir: str, force: bool = False) -> Optional[RunLock]:
-  """The run's lock on `workdir`, taken by process 0 (None on the others), or RunDirBusy on every process."""
+  """The run's lock on `workdir`, taken by process 0 (None on the others), or RunDirBusy (WorkdirUnwritable on
+  process 0 where it cannot write there) on every process."""
   held, refusal = None, None
   if jax.process_index() == 0:
     try:
       held = RunLock(workdir).acquire(force)
-    except RunDirBusy as e:
+    except (RunDirBusy, WorkdirUnwritable) as e:
       refusal = e
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel

@@ -1,13 +1,19 @@
-"""reporting.Reporter where clu's TensorBoard writers cannot import (a GPU image without tensorflow); summary.md."""
+"""reporting.Reporter where clu's TensorBoard writers cannot import (a GPU image without tensorflow); summary.md;
+a metrics.jsonl that cannot be written stops the run in one line and never holds half a line."""
 import json
 import logging
 import os
 import re
+import subprocess
 import sys
 
 import clu
+import pytest
 
 from oapl_jax import reporting
+from oapl_jax.apps import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_without_clus_writers_the_history_is_still_written(tmp_path, monkeypatch, caplog):
@@ -56,3 +62,62 @@ def test_summary_says_the_wall_time_the_switches_and_the_config(tmp_path):
   assert f"- **adaptive lag**: a refresh when {cfg.loop.drift_metric} > 0.25 (L bounds a window)" in summary
   assert "- **demonstrations in RL batches**: off" in summary and "- **task**: arithmetic" in summary
   assert summary.rstrip().endswith(open(tmp_path / "config.yaml").read().rstrip() + "\n```\n\n</details>")
+
+
+def test_a_metrics_file_that_cannot_be_written_stops_the_command_in_one_line(tmp_path, capsys):
+  """A directory put in metrics.jsonl's place during a run: the next write is cli.run's one line, exit 1."""
+  path = tmp_path / "metrics.jsonl"
+
+  def run(argv):
+    reporter = reporting.Reporter(str(tmp_path), total_steps=3)
+    try:
+      reporter.scalars(1, {"loss": 0.5})
+      path.unlink()
+      path.mkdir()
+      reporter.scalars(2, {"loss": 0.25})
+    finally:
+      reporter.close()
+    return 0
+
+  with pytest.raises(SystemExit) as exit_info:
+    cli.run(run, [])
+  assert exit_info.value.code == 1
+  assert capsys.readouterr().err == (
+      f"error: {path} could not be written at step 2 (Is a directory): the run stopped, no line half-written; make it "
+      "a writable file (or move it aside), then run the same command to resume from the last checkpoint\n")
+
+
+def test_a_resume_that_cannot_rewrite_the_metrics_file_names_it(tmp_path):
+  (tmp_path / "metrics.jsonl").mkdir()
+  reporter = reporting.Reporter(str(tmp_path), total_steps=3)
+  with pytest.raises(reporting.MetricsUnwritable, match=rf"^{re.escape(str(tmp_path))}/metrics.jsonl could not be "
+                                                        r"rewritten to resume at step 5 \(Is a directory\)"):
+    reporter.resume_from(5)
+  reporter.close()
+
+
+CUT_SHORT = """
+import json, resource, sys
+sys.modules["clu.metric_writers"] = None  # no TensorBoard events: metrics.jsonl is the only file that grows
+from oapl_jax import reporting
+reporter = reporting.Reporter(sys.argv[1], total_steps=1000)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # a full disk at 1000 bytes, mid-line
+try:
+  for step in range(1000):
+    reporter.scalars(step, {"train/loss": step / 7})
+except reporting.MetricsUnwritable as e:
+  print(json.dumps({"step": step, "error": str(e)}))
+"""
+
+
+def test_a_write_cut_short_leaves_no_half_line(tmp_path):
+  """A file-size limit cuts the line that crosses it short; that part is taken back off, so the file holds whole
+  lines only: every step before the failed one, as written."""
+  done = subprocess.run([sys.executable, "-c", CUT_SHORT, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  failed = json.loads(done.stdout)
+  assert "could not be written at step" in failed["error"] and "(File too large)" in failed["error"]
+  text = (tmp_path / "metrics.jsonl").read_text()
+  lines = [json.dumps({"step": step, "train/loss": step / 7}) + "\n" for step in range(failed["step"] + 1)]
+  assert text == "".join(lines[:-1]) and len(text) < 1000 < len(text) + len(lines[-1])  # the last one crossed it

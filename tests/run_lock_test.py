@@ -1,7 +1,9 @@
 """One run per run directory (run_dir.RunLock): a second is refused at once naming the holder, a lock left by
-a run that is gone is taken over with a warning, and another host's record needs force."""
+a run that is gone is taken over with a warning, and another host's record needs force; a workdir this user cannot
+write in is one line when the run starts."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +13,8 @@ import pytest
 from oapl_jax import run_dir
 from oapl_jax.run import assemble
 from tests.loop_test import tiny_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HOLDER = """
 import sys
@@ -74,3 +78,42 @@ def test_the_lock_is_released_when_the_holder_dies(tmp_path, holder):
   holder.kill()
   holder.wait()
   run_dir.lock(str(tmp_path / "run")).release()  # the OS dropped its flock: taken over, not refused
+
+
+def _where_chmod_binds(readonly) -> list:
+  """The command prefix under which `readonly` (mode 0o555) refuses writes: none for a plain user; for root, whose
+  writes chmod does not stop, a user namespace (`unshare -U`: root's override does not reach the host's files);
+  else the test is skipped."""
+  probe = readonly / "probe"
+  try:
+    probe.touch()
+  except PermissionError:
+    return []
+  probe.unlink()
+  if shutil.which("unshare") and subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode == 0:
+    if subprocess.run(["unshare", "-U", "touch", str(probe)], capture_output=True).returncode != 0:
+      return ["unshare", "-U"]
+  pytest.skip("chmod does not stop this process's writes (root) and no user namespace (unshare -U) drops that")
+
+
+@pytest.mark.parametrize("workdir_in", ["the read-only directory", "a new directory below it"])
+def test_a_read_only_workdir_is_one_line_before_anything_is_written(tmp_path, workdir_in):
+  """Issue 54: a read-only workdir was a 25-line traceback from the lock. An earlier run's run.lock that is itself
+  writable does not hide a directory that takes no new file (config.json, metrics.jsonl, checkpoints)."""
+  readonly = tmp_path / "ro"
+  readonly.mkdir()
+  (readonly / run_dir.LOCK_FILE).write_text("")
+  workdir = readonly if workdir_in == "the read-only directory" else readonly / "run"
+  readonly.chmod(0o555)
+  try:
+    prefix = _where_chmod_binds(readonly)
+    done = subprocess.run([*prefix, sys.executable, "-m", "oapl_jax.main", "--config", "configs/arithmetic.py",
+                           "--workdir", str(workdir)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=600)
+  finally:
+    readonly.chmod(0o755)
+  assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
+      f"error: cannot write in the workdir {workdir} (Permission denied): make it writable for this user, or give "
+      "another workdir"]
+  assert os.listdir(readonly) == [run_dir.LOCK_FILE] and (readonly / run_dir.LOCK_FILE).read_text() == ""

@@ -111,29 +111,33 @@ def console_logging() -> None:
 
 
 def run(main, argv: Optional[Sequence[str]] = None) -> None:
-  """Exit with main's code; a bad path, config or data, or a workdir another run holds, is one message (every
-  problem listed), exit 2, not a traceback; a checkpoint that could not be written (a full disk) one line, exit 1;
-  Ctrl-C (KeyboardInterrupt) one line, exit 130 (what the work did on the way out is its own)."""
+  """Exit with main's code; a bad path, config, data or checkpoint to load, or a workdir another run holds or this
+  user cannot write in, is one message (every problem listed), exit 2, not a traceback; a checkpoint or
+  metrics.jsonl that could not be written during the run (a full disk) one line, exit 1; Ctrl-C
+  (KeyboardInterrupt) one line, exit 130 (what the work did on the way out is its own)."""
+  from oapl_jax.models.safetensors_io import CheckpointError  # pylint: disable=import-outside-toplevel
   from oapl_jax.sections import ConfigError  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.sources import DataError  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run_dir import ConfigChanged, RunDirBusy  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run_dir import ConfigChanged, RunDirBusy, WorkdirUnwritable  # pylint: disable=import-outside-toplevel
   from oapl_jax.tasks.base import RewardError  # pylint: disable=import-outside-toplevel
   try:
     code = main(argv)
-  except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError, RunDirBusy) as e:
+  except (FileNotFoundError, ConfigError, DataError, ConfigChanged, RewardError, RunDirBusy, WorkdirUnwritable,
+          CheckpointError) as e:
     print(f"error: {e}", file=sys.stderr)
     code = 2
   except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
     code = 130
-  except _save_failed() as e:
+  except _write_failed() as e:
     print(f"error: {e}", file=sys.stderr)
     code = 1
   raise SystemExit(code)
 
 
-def _save_failed():
-  """checkpoints.SaveFailed where that module is loaded (only then can it be raised; no orbax import for the
-  commands that never save), else nothing to catch."""
-  module = sys.modules.get("oapl_jax.checkpoints")
-  return module.SaveFailed if module is not None else ()
+def _write_failed() -> tuple:
+  """checkpoints.SaveFailed and reporting.MetricsUnwritable, each where its module is loaded (only then can it be
+  raised; no orbax import for the commands that never save)."""
+  found = (getattr(sys.modules.get(module), name, None) for module, name in
+           (("oapl_jax.checkpoints", "SaveFailed"), ("oapl_jax.reporting", "MetricsUnwritable")))
+  return tuple(error for error in found if error is not None)

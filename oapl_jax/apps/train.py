@@ -6,8 +6,9 @@
 
 SIGTERM (exit 0) or Ctrl-C (exit 130) stops the run after the step in flight with a checkpoint there, in the warm
 start too (RUN/warmstart_checkpoints); the same command resumes it exactly. One during the final eval ends the run
-without it (the summary says so; the same command runs it). A second run in the same workdir is refused
-(run_dir.RunLock, exit 2); a checkpoint that cannot be written stops the run (exit 1).
+without it (the summary says so; the same command runs it). A second run in the same workdir, or a workdir this
+user cannot write in, is refused (run_dir.RunLock, exit 2); a checkpoint or metrics.jsonl that cannot be written
+stops the run (exit 1).
 """
 from __future__ import annotations
 
