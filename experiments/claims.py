@@ -213,7 +213,7 @@ class Runner:
         finished = {s: v for s, v in scores.items() if v is not None}
         if len(finished) < len(scores):
           break
-        added = tuning.extension(grid, tuning.choose(finished), loss == "oapl" and self.study.beta2_by_strength)
+        added = tuning.extension(finished, loss == "oapl" and self.study.beta2_by_strength)
         if not added:
           break
         print(f"[claims] {loss}: the winner {tuning.choose(finished)} is at an edge of its grid; adding "

@@ -80,22 +80,30 @@ def _next_lr(lr: float, direction: int) -> float:
   return float(f"{10 ** (round(2 * math.log10(lr)) / 2 + direction / 2):.0g}")
 
 
-def extension(grid: Sequence[tuple[float, float]], winner: tuple[float, float], decade_knob: bool = False) -> list:
-  """The points a winner at an edge adds (the rule fixed before the runs): on each axis where it sits at the
-  smallest or largest value, the next value past it (lr: the 1-3-10 series; the knob: /2 or x2, or /10 or x10
-  for a grid spaced by decades, OAPL's beta2 by strength), crossed with every value of the other axis."""
-  lrs, knobs = sorted({lr for lr, _ in grid}), sorted({k for _, k in grid})
+def extension(scores: Mapping[tuple[float, float], float], decade_knob: bool = False) -> list:
+  """The points the winner (tuning.choose) adds when it sits at an edge (the rule fixed before the runs): on each
+  axis where it is the smallest or largest value and beats its neighbour on that axis (a tie says the axis does
+  not matter there: GRPO's clip on policy), the next value past it (lr: the 1-3-10 series; the knob: /2 or x2, or
+  /10 or x10 for a grid spaced by decades, OAPL's beta2 by strength), crossed with every value of the other axis."""
+  winner = choose(scores)
+  lrs, knobs = sorted({lr for lr, _ in scores}), sorted({k for _, k in scores})
   factor = 10.0 if decade_knob else 2.0
   added = []
-  side = edge(lrs, winner[0])
-  if side:
-    lr = _next_lr(winner[0], -1 if side == "low" else 1)
-    added += [(lr, k) for k in knobs]
-  side = edge(knobs, winner[1])
-  if side:
-    knob = float(f"{winner[1] / factor if side == 'low' else winner[1] * factor:.3g}")
-    added += [(lr, knob) for lr in lrs]
-  return [p for p in dict.fromkeys(added) if p not in set(grid)]
+  for axis, values in ((0, lrs), (1, knobs)):
+    side = edge(values, winner[axis])
+    if not side:
+      continue
+    inner = values[1] if side == "low" else values[-2]
+    neighbour = (inner, winner[1]) if axis == 0 else (winner[0], inner)
+    if neighbour in scores and scores[neighbour] >= scores[winner]:
+      continue
+    if axis == 0:
+      lr = _next_lr(winner[0], -1 if side == "low" else 1)
+      added += [(lr, k) for k in knobs]
+    else:
+      knob = float(f"{winner[1] / factor if side == 'low' else winner[1] * factor:.3g}")
+      added += [(lr, knob) for lr in lrs]
+  return [p for p in dict.fromkeys(added) if p not in scores]
 
 
 def edge(grid: Sequence[float], winner: float) -> str | None:

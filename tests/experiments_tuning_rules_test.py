@@ -13,14 +13,26 @@ from experiments import claims, plan, results, tuning
 GRID = [(lr, k) for lr in (3e-5, 1e-4, 3e-4) for k in (0.1, 0.25, 0.5)]
 
 
+def _scores(best, tie_knob=False):
+  """AUC falling with the distance from `best` in log lr and log knob (flat in the knob with tie_knob)."""
+  return {(lr, k): 1 - abs(math.log(lr / best[0])) - (0 if tie_knob else abs(math.log(k / best[1]))) for lr, k in GRID}
+
+
 def test_extension_continues_each_axis_where_the_winner_sits_at_its_edge():
-  assert tuning.extension(GRID, (1e-4, 0.25)) == []
-  assert tuning.extension(GRID, (3e-5, 0.25)) == [(1e-5, 0.1), (1e-5, 0.25), (1e-5, 0.5)]
-  assert tuning.extension(GRID, (3e-4, 0.5)) == [(1e-3, 0.1), (1e-3, 0.25), (1e-3, 0.5),
-                                                 (3e-5, 1.0), (1e-4, 1.0), (3e-4, 1.0)]
-  assert tuning.extension(GRID, (1e-4, 0.1), decade_knob=True) == [(3e-5, 0.01), (1e-4, 0.01), (3e-4, 0.01)]
-  extended = GRID + tuning.extension(GRID, (3e-5, 0.25))
-  assert tuning.extension(extended, (3e-5, 0.25)) == []  # 1e-5 is the edge now
+  assert tuning.extension(_scores((1e-4, 0.25))) == []
+  assert tuning.extension(_scores((3e-5, 0.25))) == [(1e-5, 0.1), (1e-5, 0.25), (1e-5, 0.5)]
+  assert tuning.extension(_scores((3e-4, 0.5))) == [(1e-3, 0.1), (1e-3, 0.25), (1e-3, 0.5),
+                                                    (3e-5, 1.0), (1e-4, 1.0), (3e-4, 1.0)]
+  assert tuning.extension(_scores((1e-4, 0.1)), decade_knob=True) == [(3e-5, 0.01), (1e-4, 0.01), (3e-4, 0.01)]
+  extended = _scores((3e-5, 0.25))
+  extended.update({p: -9.0 for p in tuning.extension(extended)})
+  assert tuning.extension(extended) == []  # 1e-5 is the edge now, and worse
+
+
+def test_a_tie_along_an_axis_does_not_extend_it():
+  """On policy GRPO's clip never binds: every clip ties, the tie rule picks the smallest, and that is no edge."""
+  assert tuning.extension(_scores((1e-4, 0.1), tie_knob=True)) == []
+  assert tuning.extension(_scores((3e-5, 0.1), tie_knob=True)) == [(1e-5, 0.1), (1e-5, 0.25), (1e-5, 0.5)]
 
 
 def test_beta2_by_strength_scales_the_measured_share_to_each_target():
