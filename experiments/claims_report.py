@@ -138,9 +138,8 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
     lines.append(f"\nNot run: {', '.join(f'{loss} ({len(study.grid(loss))} points)' for loss in unrun)}.")
   for loss, added in state.extended.items():
     lines.append(f"\n{loss}: the winner sat at an edge; added {', '.join(map(str, added))}.")
-  edges = [loss for loss, (lr, v) in state.chosen.items()
-           if tuning.edge(sorted({p[0] for p in state.tuning[loss]}), lr)
-           or tuning.edge(sorted({p[1] for p in state.tuning[loss]}), v)]
+  edges = [loss for loss, scores in state.tuning.items() if loss in state.chosen and tuning.extension(
+      {p: v for p, v in scores.items() if v is not None}, loss == "oapl" and study.beta2_by_strength)]
   if edges and not study.smoke:
     lines.append(f"\nWinners still at an edge of their grid: {', '.join(edges)}.")
   return lines + [""]
