@@ -146,7 +146,8 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
 
 
 def _claim_lines(outcomes: list[claims_stats.Outcome]) -> list[str]:
-  lines = ["## The five claims (paired by seed; Holm over the five)", "",
+  count = "five" if len(outcomes) == 5 else f"{len(outcomes)} of the five (a claim-1 study has no L = 100 arm)"
+  lines = [f"## The claims (paired by seed; Holm over the {count})", "",
            "| # | claim | arm vs comparator | n (planned) | mean diff | 95% t-interval | sign-flip p | Holm p | "
            "verdict |",
            "|---|---|---|---|---|---|---|---|---|"]

@@ -207,6 +207,8 @@ def evaluate_claims(study: plan.Study, runs: dict[str, dict[int, RunResult]], pr
   out = []
   for c in claims(study, primary):
     arm = c.arm
+    if arm not in arms or c.comparator not in arms:  # a claim-1 study has no L = 100 arm: claim 3 is not in it
+      continue
     if c.candidates:  # the best candidate by mean; its p then carries the choice (x the number of candidates)
       scored = {a: _one(c, a, runs) for a in c.candidates if a in arms}
       scored = {a: sd for a, sd in scored.items() if sd[1]}

@@ -84,7 +84,7 @@ def test_policy_eval_on_validation_only_and_recorded_configs(smoke):
 
 
 def _claim_rows(text):
-  section = text.split("## The five claims", 1)[1].split("\n## ", 1)[0]
+  section = text.split("## The claims", 1)[1].split("\n## ", 1)[0]
   return {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
                             if line.startswith("| ") and line[2] in "12345")}
 
@@ -93,7 +93,7 @@ def test_report_claims_are_the_runs_paired_differences(smoke):
   base, _ = smoke
   text = (base / "report" / "report.md").read_text()
   for heading in ("## Rules fixed before any run", "## The warm start", "## Pilot", "## Tuning",
-                  "## The five claims", "## Other paired comparisons", "## Arms", "## Pairing check", "## Wall time",
+                  "## The claims", "## Other paired comparisons", "## Arms", "## Pairing check", "## Wall time",
                   "## Plots", "## Rerunning one cell"):
     assert heading in text
   assert "differ only in the method's fields" in text and "Config and data checked before any run" in text

@@ -104,3 +104,39 @@ def test_a_signed_loss_around_zero_is_no_explosion_but_a_jump_is():
   # "loss 0.0342 is over 10000x the recent median magnitude 1.05e-10" on its first signal)
   assert _explosions([1e-14, 3e-12, 1e-10, 2e-13, 5e-11, 1e-10, 0.0342]) == 0
   assert _explosions([1e-14, 3e-12, 1e-10, 0.01, 0.012, 0.009, 0.011, 0.01, 1e3]) == 1
+
+
+def test_cut_off_responses_and_a_zero_reward_window_warn_once_per_window(caplog):
+  from oapl_jax.rl.monitors import RolloutChecks
+  checks = RolloutChecks(MonitorConfig(max_truncated_fraction=0.5), max_new_tokens=8)
+  with caplog.at_level("WARNING"):
+    checks.chunk(0, 0, 1.0, np.zeros((2, 4)))
+    checks.chunk(0, 1, 0.75, np.zeros((2, 4)))
+    checks.window_end(0)
+    checks.chunk(1, 0, 0.5, np.array([[0, 1.0], [0, 0]]))  # at the threshold, not over; one reward: a signal
+    checks.window_end(1)
+  cut = [r.message for r in caplog.records if "hit the token budget" in r.message]
+  assert len(cut) == 1 and "window 0, chunk 0: 100%" in cut[0] and "sampler.max_new_tokens=8" in cut[0]
+  zero = [r.message for r in caplog.records if "was 0" in r.message]
+  assert len(zero) == 1 and "window 0" in zero[0]
+
+
+def test_run_notes_say_what_a_run_never_checked_or_always_had():
+  from oapl_jax.rl.monitors import run_notes
+  config = MonitorConfig(no_signal_steps=20, max_truncated_fraction=0.5)
+  history = [{"step": s, "rollout/truncated_fraction": 1.0, "rollout/reward_mean": 0.0} for s in range(4)]
+  notes = run_notes(history, 4, config)
+  assert set(notes) == {"health/not checked", "health/cut off", "health/zero reward"}
+  assert "4 trainer steps are fewer than monitors.no_signal_steps=20" in notes["health/not checked"]
+  assert notes["health/cut off"].startswith("100%")
+  healthy = [{"step": s, "rollout/truncated_fraction": 0.1, "rollout/reward_mean": 0.5} for s in range(40)]
+  assert run_notes(healthy, 40, config) == {}
+
+
+def test_a_near_zero_warm_start_nll_reads_as_memorised(caplog):
+  from oapl_jax.rl import warmstart
+  config = warmstart.WarmStartConfig(steps=10, batch_size=2, memorised_nll=0.005)
+  with caplog.at_level("WARNING"):
+    assert warmstart.warn_if_memorised(0.0024, config)  # the chain task's first warm start
+    assert not warmstart.warn_if_memorised(0.075, config)  # its second, calibrated one
+  assert sum("memorised" in r.message for r in caplog.records) == 1

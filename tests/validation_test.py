@@ -353,3 +353,18 @@ def test_a_bad_field_does_not_hide_a_cross_section_problem():
     check.validate(cfg)
   assert info.value.problems == ["checkpoint.every_syncs=0: must be >= 1",
                                  "loop.group_size=1: must be >= 2 (loss 'oapl' compares the G samples of a prompt)"]
+
+
+def test_demonstrations_longer_than_the_token_budget_are_one_config_problem():
+  """Before: the warm start's packing raised 'prompt (7) + response (4) tokens exceed the trainer's sequence length'
+  from deep inside; the RL answers would have been cut at the same budget."""
+  from oapl_jax.run import assemble
+  cfg = arithmetic.get_config("smoke")
+  cfg.sampler.max_new_tokens = cfg.eval.max_new_tokens = 1
+  rc = schema.from_config(cfg)
+  task = assemble.build_task(rc)
+  longest = max(len(d.completion_tokens) for d in task.demonstrations(rc.seed))
+  with pytest.raises(ConfigError, match=rf"sampler.max_new_tokens=1: task 'arithmetic' has demonstrations of up to "
+                                        rf"{longest} completion tokens"):
+    assemble.warm_start(rc, task, None, None, None, 8, lambda *a: None)
+  task.close()

@@ -43,9 +43,15 @@ def unshared_reason(config, points: Sequence[dict]) -> str:
   return ""
 
 
+# fields of those sections that do not change the warm start made (a warning's threshold): left out of its record
+NOT_MADE_FROM = (("warmstart", "memorised_nll"),)
+
+
 def fields(config) -> dict:
   """The config fields a warm start is made from, as JSON values (what RECORD compares)."""
   made_from = {name: config[name].to_dict() for name in SECTIONS} | {"seed": config.seed}
+  for section, name in NOT_MADE_FROM:
+    made_from[section].pop(name, None)
   return json.loads(json.dumps(made_from, sort_keys=True, default=repr))
 
 

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from oapl_jax import checkpoint_files, checkpoints, parallel
-from oapl_jax.rl import preemption, trainer
+from oapl_jax.rl import monitors, preemption, trainer
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.parts import RunParts
 from oapl_jax.rl.rollout_worker import RolloutWorker, Window
@@ -351,7 +351,8 @@ def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
   # refresh above makes one more, for the final eval only
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
                              "snapshot_version": run.meta.snapshot_version, **run.monitor.summary(),
-                             "reward_failures": _reward_failures(run.reporter.history())}
+                             "reward_failures": _reward_failures(run.reporter.history()),
+                             **monitors.run_notes(run.reporter.history(), done_steps, run.monitor.config)}
   evaluated = False
   if finished and not stop.vote()():  # the same answer on every process
     try:

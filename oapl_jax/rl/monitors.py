@@ -12,6 +12,12 @@
                     (tasks/rewards.Guarded); the rollout worker warns, and stops the run when more than
                     `max_reward_failure_fraction` of a chunk failed (check_reward_failures); the run's
                     summary gives their total (`reward_failures`, rl/loop.py).
+  cut off           more than `max_truncated_fraction` of a chunk's responses hit sampler.max_new_tokens
+                    (a cut-off answer usually scores 0): the rollout worker warns once per window, naming
+                    the field to raise (RolloutChecks).
+  zero reward       every reward of a whole window was 0: nothing to learn from (warning, per window).
+  not checked       a run shorter than `no_signal_steps` never had the no-signal check: the summary says so
+                    (run_notes, with the run's mean cut-off fraction when it is over the threshold).
 
 Warnings go to the console once per kind and window, and to the summary with their counts.
 """
@@ -20,6 +26,8 @@ import dataclasses
 import logging
 import math
 from typing import Mapping, Optional
+
+import numpy as np
 
 from oapl_jax import sections
 
@@ -41,6 +49,7 @@ class MonitorConfig:
   entropy_floor: float = sections.rule(1e-3, low=0)
   no_signal_steps: int = sections.rule(20, low=1)
   max_reward_failure_fraction: float = sections.rule(0.5, low=0, high=1)  # of a rollout chunk's rewards
+  max_truncated_fraction: float = sections.rule(0.5, low=0, high=1)  # of a chunk's responses cut at the budget
 
   def __post_init__(self):
     sections.enforce(self)
@@ -56,6 +65,49 @@ def check_reward_failures(num_failed: int, num_items: int, config: MonitorConfig
                        f"numbers), more than monitors.max_reward_failure_fraction={config.max_reward_failure_fraction}"
                        "; the reward function is broken for this data (see the warnings above)")
   logging.warning("health: %s: %d of %d rewards failed and scored 0", where, num_failed, num_items)
+
+
+class RolloutChecks:
+  """The rollout worker's early warnings: most responses cut off at the token budget, a window of zero rewards."""
+
+  def __init__(self, config: MonitorConfig, max_new_tokens: int):
+    self.config, self.max_new_tokens = config, max_new_tokens
+    self._warned: set[tuple[str, int]] = set()
+    self._window, self._any_reward = -1, False
+
+  def chunk(self, window: int, chunk: int, truncated_fraction: float, rewards) -> None:
+    if window != self._window:
+      self._window, self._any_reward = window, False
+    self._any_reward |= bool(np.any(np.asarray(rewards) != 0))
+    if truncated_fraction > self.config.max_truncated_fraction and ("cut", window) not in self._warned:
+      self._warned.add(("cut", window))
+      logging.warning("health: window %d, chunk %d: %.0f%% of the responses hit the token budget (sampler."
+                      "max_new_tokens=%d) and were cut off, which usually scores 0; raise it (--config.sampler."
+                      "max_new_tokens=N, and eval.max_new_tokens for the evals)", window, chunk,
+                      100 * truncated_fraction, self.max_new_tokens)
+
+  def window_end(self, window: int) -> None:
+    if window == self._window and not self._any_reward and ("zero", window) not in self._warned:
+      self._warned.add(("zero", window))
+      logging.warning("health: every reward of window %d was 0: the run has nothing to learn from (check the "
+                      "reward on a few responses: oapl-eval --show N, the token budget, the prompt format)", window)
+
+
+def run_notes(history: list[dict], trainer_steps: int, config: MonitorConfig) -> dict[str, str]:
+  """The summary's notes on checks a run could not make or that stayed true all run, from its metrics."""
+  notes = {}
+  if trainer_steps < config.no_signal_steps:
+    notes["health/not checked"] = (f"no_signal: the run's {trainer_steps} trainer steps are fewer than monitors."
+                                   f"no_signal_steps={config.no_signal_steps}, so a run with no reward signal would "
+                                   "not have been told")
+  cut = [h["rollout/truncated_fraction"] for h in history if "rollout/truncated_fraction" in h]
+  if cut and sum(cut) / len(cut) > config.max_truncated_fraction:
+    notes["health/cut off"] = (f"{100 * sum(cut) / len(cut):.0f}% of the rollouts hit sampler.max_new_tokens "
+                               "on average: raise it")
+  rewards = [h["rollout/reward_mean"] for h in history if "rollout/reward_mean" in h]
+  if rewards and not any(rewards):
+    notes["health/zero reward"] = "every training reward was 0: the run learned from nothing"
+  return notes
 
 
 class HealthMonitor:

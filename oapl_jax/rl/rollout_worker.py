@@ -24,7 +24,7 @@ import numpy as np
 from oapl_jax.reporting import PhaseClock
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.demo_mix import DemoMixer
-from oapl_jax.rl.monitors import MonitorConfig, check_reward_failures
+from oapl_jax.rl.monitors import MonitorConfig, RolloutChecks, check_reward_failures
 from oapl_jax.rl.schedule import WindowSchedule, prompt_order
 from oapl_jax.sampler import api
 from oapl_jax.sampler.settings import SamplingSettings
@@ -54,6 +54,7 @@ class RolloutWorker(threading.Thread):
     super().__init__(name="oapl-rollout-worker", daemon=True)
     self.sampler, self.task, self.buffer, self.schedule, self.settings = sampler, task, buffer, schedule, settings
     self.group_size, self.seed, self.eval_fn, self.monitors = group_size, seed, eval_fn, monitors
+    self.checks = RolloutChecks(monitors, settings.max_new_tokens)
     self.stats: "queue.Queue[tuple[int, dict]]" = queue.Queue()  # (trainer step, metrics) for the loop
     self._windows: "queue.Queue[Optional[Window]]" = queue.Queue()
     self._cut = threading.Event()  # the trainer ended the window early: generate no further chunk of it
@@ -161,6 +162,7 @@ class RolloutWorker(threading.Thread):
       if self._cut.is_set():
         return
       self._checked_chunk(w, chunk)
+    self.checks.window_end(w.index)
 
   def _checked_chunk(self, w: Window, chunk: int) -> None:
     position = self.schedule.chunk_position(w.data_position, chunk)
@@ -187,6 +189,8 @@ class RolloutWorker(threading.Thread):
       rewards_PxG, result = self.task.score_groups(problems, groups.response_tokens, groups.lengths)
     check_reward_failures(result.num_failed + result.num_timeout, rewards_PxG.size, self.monitors,
                           f"rewards of window {w.index}, chunk {chunk}")
+    truncated_fraction = float((groups.finish_reason == api.FINISH_LENGTH).mean())
+    self.checks.chunk(w.index, chunk, truncated_fraction, rewards_PxG)
     if chunk == 0 and self.save_rollouts is not None:
       self.save_rollouts(w.index, problems, groups, rewards_PxG)
     if groups.snapshot_version != w.version:
@@ -197,7 +201,7 @@ class RolloutWorker(threading.Thread):
         "rollout/reward_mean": float(rewards_PxG.mean()),
         "rollout/frac_groups_all_equal_reward": float((rewards_PxG == rewards_PxG[:, :1]).all(-1).mean()),
         "rollout/response_length": float(groups.lengths.mean()),
-        "rollout/truncated_fraction": float((groups.finish_reason == api.FINISH_LENGTH).mean()),
+        "rollout/truncated_fraction": truncated_fraction,
         "rollout/tokens_per_second": groups.tokens_per_second,
         "rollout/seconds": time.perf_counter() - start,
         "rollout/reward_failures": float(result.num_failed + result.num_timeout),

@@ -33,6 +33,9 @@ class WarmStartConfig:
   schedule with optim.total_steps = 0 spans the whole warm start."""
   steps: int = sections.rule(0, low=0)
   batch_size: int = sections.rule(0, low=0)
+  # a final nll per token under this reads as memorised demonstrations (a warning): an imperfect teacher's slips
+  # learned per demonstration leave RL groups of equal rewards (the chain task's first warm start: 0.0024)
+  memorised_nll: float = sections.rule(0.005, low=0)
   optim: OptimConfig = OptimConfig(lr=1e-4, b2=0.98, weight_decay=0.01, schedule="cosine", warmup_ratio=0.05,
                                    min_ratio=0.1)
 
@@ -81,12 +84,25 @@ def warm_start(examples: Sequence[Demonstration], params, model: CausalLM, layou
       break
   if done > first:
     _save(checkpointer, state, seed, config.batch_size)
+  if done == config.steps > first:
+    warn_if_memorised(float(progress.pending["nll"]), config)
   if stopping or voted():
     logging.warning("stopped by %s after warm-start step %d of %d%s; resume with the same command",
                     stop.signal_name, done, config.steps,
                     f" (saved to {checkpointer.directory})" if checkpointer else " (nothing saved: no checkpointer)")
     raise preemption.Stopped(stop.signal_name)
   return state.params
+
+
+def warn_if_memorised(nll: float, config: WarmStartConfig) -> bool:
+  """Warns (and says True) when the warm start's last nll per token is under config.memorised_nll."""
+  if nll >= config.memorised_nll:
+    return False
+  logging.warning("warm start: its final nll on the demonstrations is %.4g per token, under warmstart.memorised_nll=%g:"
+                  " the policy may have memorised them (an imperfect teacher's slips learned one by one leave RL "
+                  "groups of equal rewards); use fewer warmstart.steps or more, varied demonstrations (with a "
+                  "deterministic teacher this is expected)", nll, config.memorised_nll)
+  return True
 
 
 def _restored(checkpointer: Optional[checkpoints.Checkpointer], state: trainer.TrainState) -> trainer.TrainState:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
-from oapl_jax import checkpoint_files, checkpoints, evaluation, generations, objectives, parallel, reporting, run_dir
+from oapl_jax import checkpoint_files, checkpoints, evaluation, generations, objectives, parallel, reporting, run_dir, sections
 from oapl_jax.models import factory
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl import loop, offline as offline_mode, preemption, trainer, warmstart, windows
@@ -153,10 +153,16 @@ def warm_start(rc: RunConfig, task: Task, model: CausalLM, params, layout: paral
   if task.demonstrations is None:
     raise ValueError(f"config field warmstart.steps={rc.warmstart.steps}, but task {task.name!r} has no "
                      "demonstrations")
+  demonstrations = task.demonstrations(rc.seed)
+  longest = max((len(d.completion_tokens) for d in demonstrations), default=0)
+  if longest > rc.sampler.max_new_tokens:  # the RL answers would be cut there too
+    raise sections.ConfigError([f"sampler.max_new_tokens={rc.sampler.max_new_tokens}: task {task.name!r} has "
+                                f"demonstrations of up to {longest} completion tokens, and answers that long are cut "
+                                "off (and score 0); raise it (and eval.max_new_tokens)"])
   logging.info("warm start: %d supervised steps on demonstrations", rc.warmstart.steps)
   saves = None if workdir is None else checkpoints.Checkpointer(os.path.join(workdir, WARMSTART_CHECKPOINTS), 1)
   try:
-    return warmstart.warm_start(task.demonstrations(rc.seed), params, model, layout, rc.warmstart, seq_len=seq,
+    return warmstart.warm_start(demonstrations, params, model, layout, rc.warmstart, seq_len=seq,
                                 seed=rc.seed, log=log, checkpointer=saves, stop=stop)
   finally:
     if saves is not None:
