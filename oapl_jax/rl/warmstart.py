@@ -31,8 +31,8 @@ from oapl_jax.tasks.base import Demonstration
 class WarmStartConfig:
   """The `warmstart` section: supervised steps on the task's demonstrations before RL (0 = none). A cosine
   schedule with optim.total_steps = 0 spans the whole warm start."""
-  steps: int = sections.rule(0, low=0)
-  batch_size: int = sections.rule(0, low=0)
+  steps: int = sections.rule(0, low=0)  # supervised steps (0: no warm start)
+  batch_size: int = sections.rule(0, low=0)  # demonstrations per step (>= 1 when steps > 0)
   optim: OptimConfig = OptimConfig(lr=1e-4, b2=0.98, weight_decay=0.01, schedule="cosine", warmup_ratio=0.05,
                                    min_ratio=0.1)
 
