@@ -4,6 +4,8 @@
 # Prints (--dry-run) or runs the sbatch command; with --dry-run it also prints, under a comment line, the
 # commands the batch script will run inside the allocation (its own --dry-run): the bootstrap, then one srun
 # with the same training command on every node and one log file per task.
+# The last line printed (dry run or not) is the teardown, never run here: `scancel` of your jobs named --job-name
+# (give each run its own name to cancel only it; sbatch prints the job's id too).
 #
 # Environment: a SLURM login node (sbatch), this repo on a filesystem the compute nodes mount.
 # Flags (paths are relative to the repo root):
@@ -75,6 +77,7 @@ for spec in "${STAGES[@]}"; do SCRIPT_ARGS+=(--stage "$spec"); done
 
 step "$(words cd "$REPO")"
 step "$(words mkdir -p "$LOG_DIR")"
+teardown "$(words scancel --user="${USER:-$(id -un)}" --name="$JOB_NAME")"
 step "$(words "${SBATCH[@]}" launch/slurm.sbatch "${SCRIPT_ARGS[@]}" "${OVERRIDES[@]}")"
 if [[ $DRY_RUN == 1 ]]; then
   note "inside the allocation, launch/slurm.sbatch runs:"

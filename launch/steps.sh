@@ -1,6 +1,22 @@
-# shellcheck shell=bash
-# Sourced by the launch scripts: each action is one shell line, printed under --dry-run, else run with
-# eval, so the dry run shows exactly what runs. A script sets DRY_RUN=0|1 before its first step.
+#!/usr/bin/env bash
+# The helpers every launch script sources (tpu_vm.sh, xpk.sh, slurm.sh): not a launcher itself.
+#
+# Each action of a launch script is one shell line, printed under --dry-run, else run with eval, so the dry run
+# shows exactly what runs. A script sets DRY_RUN=0|1 before its first step.
+#
+# Helpers:
+#   die MESSAGE             the error on stderr, exit 2.
+#   quote WORD, words ARG...   a word, or a command line, quoted as the shell reads it back.
+#   step LINE               print LINE (dry run) or run it; note TEXT: a comment line in the plan.
+#   step_bg LINE, wait_bg   step in the background; wait_bg waits for them all and fails if any failed.
+#   teardown LINE           the command that frees what the plan rents (a TPU, a workload, a job): never run,
+#                           printed as the last line when the script exits, dry run or not.
+#   repo_commit REPO        the commit shipped (HEAD); warns about uncommitted changes.
+#   host_path PATH, stage_line SPEC PYTHON, check_stages SPEC...   --stage SRC=DEST as one shell line.
+#   usage                   the calling script's header comment, for its -h/--help.
+# Use:
+#   source "$(dirname "${BASH_SOURCE[0]}")/steps.sh"    # in a launch script
+#   launch/steps.sh --help                             # this text
 
 # die MESSAGE: the error on stderr, exit 2.
 die() { echo "error: $*" >&2; exit 2; }
@@ -65,10 +81,18 @@ repo_commit() {
   printf '%s' "$commit"
 }
 
-# usage: the script's header comment (its manual), for -h/--help; exits 0.
+# usage: the script's header comment (its manual: line 2 to the first line that is not a comment), for -h/--help;
+# exits 0.
 usage() {
-  sed -n '2,/^set -euo pipefail/p' "$0" | sed -n '/^#SBATCH/d; /^#/p' | sed 's/^# \{0,1\}//'
+  sed -n '2,/^\([^#]\|$\)/p' "$0" | sed -n '/^#SBATCH/d; /^#/p' | sed 's/^# \{0,1\}//'
   exit 0
+}
+
+# teardown LINE: LINE (the command that frees what the plan rents) as a comment, when the script exits; call it
+# just before the step that rents, so a run that stopped before renting says nothing.
+teardown() {
+  TEARDOWN_LINE=$1
+  trap 'note "teardown (when done; this script never runs it): $TEARDOWN_LINE"' EXIT
 }
 
 # host_path PATH: PATH for a command line run on another host: a leading ~/ stays bare (that host's home).
@@ -111,3 +135,11 @@ check_stages() {
   local spec
   for spec in "$@"; do stage_line "$spec" python >/dev/null; done
 }
+
+# Run, not sourced: -h/--help prints the header above; anything else is refused.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+  case ${1:-} in
+    -h|--help) usage ;;
+    *) die "launch/steps.sh holds the launch scripts' helpers and is sourced by them; --help lists the helpers" ;;
+  esac
+fi

@@ -16,6 +16,8 @@
 #      VMs (oapl_jax/distributed.py). For several slices the queued resource provides the MEGASCALE_*
 #      settings (coordinator, slice id, slice count) in the VMs' tpu-env metadata, so nothing is exported here;
 #      the config gets the DCN mesh as --config.mesh.trainer_dcn=(NUM_SLICES,1,1), data parallel across slices.
+# The last line printed (dry run or not) is the teardown, never run here: the command that deletes the queued
+# resource and its TPUs (`queued-resources delete --force`), or with --tpu-vm the TPU VM (`tpu-vm delete`).
 #
 # Environment: gcloud, authenticated, with the TPU API enabled; `ssh-add ~/.ssh/google_compute_engine` done
 # (gcloud needs the agent for --worker=all); git; for the compile check, PYTHON with this repo installed with
@@ -125,12 +127,14 @@ step "$(words "$PYTHON" -m oapl_jax.apps.compile_check --config "$CONFIG" --topo
 step "$(words git archive --format=tar.gz -o "$TARBALL" "$COMMIT")"
 # 3. The TPUs: reuse or create.
 if [[ $USE_TPU_VM == 1 ]]; then
+  teardown "$(words gcloud compute tpus tpu-vm delete "$NAME" "${WHERE[@]}" --quiet)"
   step "$(words gcloud compute tpus tpu-vm describe "$NAME" "${WHERE[@]}") >/dev/null 2>&1 || $(words \
     gcloud compute tpus tpu-vm create "$NAME" "${WHERE[@]}" --accelerator-type="$ACCELERATOR" \
     --version="$RUNTIME_VERSION" ${CAPACITY:+"$CAPACITY"})"
 else
   if [[ $NUM_SLICES == 1 ]]; then NODE_FLAGS=(--node-id="$NAME"); else
     NODE_FLAGS=(--node-count="$NUM_SLICES" --node-prefix="$NAME"); fi
+  teardown "$(words gcloud compute tpus queued-resources delete "$NAME" "${WHERE[@]}" --force --quiet)"
   step "$(words gcloud compute tpus queued-resources describe "$NAME" "${WHERE[@]}") >/dev/null 2>&1 || $(words \
     gcloud compute tpus queued-resources create "$NAME" "${WHERE[@]}" --accelerator-type="$ACCELERATOR" \
     --runtime-version="$RUNTIME_VERSION" "${NODE_FLAGS[@]}" ${CAPACITY:+"$CAPACITY"})"

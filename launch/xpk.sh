@@ -15,6 +15,7 @@
 #      JAX_COORDINATOR_ADDRESS/JAX_COORDINATOR_PORT from xpk, and the command maps xpk's NNODES and NODE_RANK
 #      to JAX_NUM_PROCESSES and JAX_PROCESS_ID for oapl_jax/distributed.py. Several TPU slices: xpk sets the
 #      MEGASCALE_* variables; the config gets --config.mesh.trainer_dcn=(NUM_SLICES,1,1).
+# The last line printed (dry run or not) is the teardown, never run here: `xpk workload delete` of the workload.
 #
 # Environment: xpk (pip install xpk), gcloud and kubectl authenticated for the cluster's project, docker (xpk
 # builds and pushes the image); for the TPU compile check, PYTHON with this repo installed with its [tpu] extra.
@@ -126,6 +127,7 @@ fi
 step "$(words rm -rf "$SCRIPT_DIR") && $(words mkdir -p "$SCRIPT_DIR") && $(words git archive "$COMMIT") | $(words \
   tar -x -C "$SCRIPT_DIR")"
 # 3. The workload.
+teardown "$(words xpk workload delete --workload "$WORKLOAD" --cluster "$CLUSTER" --project "$PROJECT" --zone "$ZONE")"
 CREATE=(xpk workload create --cluster "$CLUSTER" --workload "$WORKLOAD" --project "$PROJECT" --zone "$ZONE")
 if [[ -n $TPU_TYPE ]]; then CREATE+=(--tpu-type "$TPU_TYPE" --num-slices "$NUM_SLICES"); else
   CREATE+=(--device-type "$DEVICE_TYPE" --num-nodes "$NUM_NODES"); fi

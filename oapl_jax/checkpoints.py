@@ -274,9 +274,9 @@ def abstract_like(state: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-  """The `checkpoint` section: save every `every_syncs` windows (and at the end), keep the newest max_to_keep."""
-  every_syncs: int = sections.rule(1, low=1)
-  max_to_keep: int = sections.rule(3, low=1)
+  """The `checkpoint` section: when the loop saves and how many saves it keeps."""
+  every_syncs: int = sections.rule(1, low=1)  # save every this many windows (and at the end)
+  max_to_keep: int = sections.rule(3, low=1)  # the newest this many checkpoints are kept
 
   def __post_init__(self):
     sections.enforce(self)

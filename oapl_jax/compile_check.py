@@ -50,7 +50,7 @@ import re
 import sys
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -59,7 +59,7 @@ import numpy as np
 
 from oapl_jax import batch_spec, parallel, sections, tpu_host
 from oapl_jax.models import api, factory, vocab_logprobs
-from oapl_jax.rl import trainer
+from oapl_jax.rl import preemption, trainer
 from oapl_jax.run import assemble, check as run_check, schema
 from oapl_jax.sampler import buckets, core
 
@@ -357,15 +357,18 @@ def config_problems(rc: schema.RunConfig, devices) -> list:
 
 def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4, hbm_bytes: Optional[int] = None,
           programs: Sequence[str] = PROGRAMS, num_layers: int = 0, compiler_options: Optional[dict] = None,
-          host_bytes_per_s: Optional[float] = None) -> Report:
+          host_bytes_per_s: Optional[float] = None, stop: Optional[preemption.StopFlag] = None,
+          on_program: Callable[[Report], None] = lambda report: None) -> Report:
   """Compile `programs` of the run `cfg` describes for `topology`; per-device memory against HBM.
   seq_len: the trainer's T (default `seq_len_of(cfg)`); mfu: the fraction of peak the step-time estimate assumes;
   hbm_bytes: the chip's HBM unless given; num_layers: > 0 compiles a model cut to that many layers (a probe, not
   the run); compiler_options: XLA debug options for every compile; host_bytes_per_s: per chip, each way (default
-  the chip's assumed figure). The config goes through run/check first (config_problems)."""
+  the chip's assumed figure). The config goes through run/check first (config_problems).
+  on_program(report so far) follows each finished program; once `stop` is requested (its handlers installed by
+  the caller) no further program starts, the one compiling finishes, and the report holds those that finished."""
   if set(programs) - set(PROGRAMS):
     raise ValueError(f"unknown programs {sorted(set(programs) - set(PROGRAMS))}; known: {PROGRAMS}")
-  topo = parse_topology(topology)
+  topo, stop = parse_topology(topology), stop or preemption.StopFlag()
   cfg = cfg if isinstance(cfg, schema.RunConfig) else schema.from_config(cfg)
   say(f"compile check for {topo.name}: {topo.num_chips} {topo.chip.name} chips, {', '.join(programs)}; each program "
       "takes seconds (a tiny model) to minutes (billions of parameters) to compile on a CPU host")
@@ -382,14 +385,29 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
 
   order = [name for name in PROGRAMS if name in programs]
   hbm = int(hbm_bytes or topo.chip.hbm_bytes)
+  rows = loop.batch_prompts * loop.group_size // M  # of one micro-batch, in row shards as vocab_logprobs splits it
+  shards = placement.trainer.axis_size("activation_batch")
+  shards = shards if rows % shards == 0 else 1
+  flops = train_flops(model.config, loop.batch_prompts * loop.group_size, T, shard_tokens=rows // shards * T)
+  n_trainer = placement.trainer.mesh.size
+  host_bw = host_bytes_per_s or topo.chip.host_bytes_per_s
+
+  def so_far() -> Report:
+    step_host = results.get("train_step", Memory()).host_bytes
+    compute_s, host_s = estimate_seconds(flops["executed"], n_trainer, topo.chip.peak_bf16_flops, mfu, step_host,
+                                         host_bw)
+    return Report(topology, topo.chip.name, hbm, topo.num_chips, n_trainer, placement.shared, layout, dict(results),
+                  flops, mfu, compute_s + host_s, notes, topo.chip.peak_bf16_flops, host_bw, compute_s, host_s)
 
   def report(name, compile_it):
-    with _heartbeat(f"compiling {name} ({order.index(name) + 1}/{len(order)})"):
-      results[name] = mem = compile_it()
+    if stop.requested:
+      return
+    results[name] = mem = _watched(f"compiling {name} ({order.index(name) + 1}/{len(order)})", compile_it)
     outcome = (f"did not fit: asks {mem.total / GIB:.1f} GiB per chip" if mem.error and mem.total else
                f"did not compile: {mem.error[:200]}" if mem.error else
                f"{mem.total / GIB:.2f} GiB per chip ({100 * mem.total / hbm:.1f}% of HBM)")
     say(f"  {name}: done in {mem.seconds:.0f} s, {outcome}")
+    on_program(so_far())
 
   if "train_step" in programs:
     def build_train_step():
@@ -410,16 +428,7 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
       for name in sampler_programs:
         if name not in results:
           report(name, lambda: Memory(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]))
-  rows = loop.batch_prompts * loop.group_size // M  # of one micro-batch, in row shards as vocab_logprobs splits it
-  shards = placement.trainer.axis_size("activation_batch")
-  shards = shards if rows % shards == 0 else 1
-  flops = train_flops(model.config, loop.batch_prompts * loop.group_size, T, shard_tokens=rows // shards * T)
-  n_trainer = placement.trainer.mesh.size
-  host_bw = host_bytes_per_s or topo.chip.host_bytes_per_s
-  step_host = results["train_step"].host_bytes if "train_step" in results else 0
-  compute_s, host_s = estimate_seconds(flops["executed"], n_trainer, topo.chip.peak_bf16_flops, mfu, step_host, host_bw)
-  return Report(topology, topo.chip.name, hbm, topo.num_chips, n_trainer, placement.shared, layout, results, flops,
-                mfu, compute_s + host_s, notes, topo.chip.peak_bf16_flops, host_bw, compute_s, host_s)
+  return so_far()
 
 
 # ------------------------------------------------------------------------------ progress
@@ -428,20 +437,24 @@ def say(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def _heartbeat(what: str, every_s: float = 60.0):
-  """Says `what ...` now and `what: still running, N s` every `every_s` until the block ends: a compile of a
-  4B model at 16K tokens runs for minutes with nothing else to show."""
+def _watched(what: str, work: Callable[[], Memory], every_s: float = 60.0) -> Memory:
+  """work() on a worker thread while this one says `what ...` now and `what: still running, N s` every `every_s`:
+  a compile of a 4B model at 16K tokens runs for minutes with nothing else to show, and a signal's handler (Python
+  runs it on the main thread only, between bytecodes) says at once that the stop is heard, not when XLA returns."""
   say(f"{what} ...")
-  start, done = time.perf_counter(), threading.Event()
+  start, out = time.perf_counter(), []
 
-  def beat():
-    while not done.wait(every_s):
-      say(f"{what}: still running, {time.perf_counter() - start:.0f} s")
-  thread = threading.Thread(target=beat, daemon=True)
-  thread.start()
-  try:
-    yield
-  finally:
-    done.set()
-    thread.join()
+  def run():
+    try:
+      out.append(work())
+    except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+      out.append(e)
+  worker = threading.Thread(target=run, daemon=True)  # daemon: a second signal's exit does not wait for XLA
+  worker.start()
+  worker.join(every_s)
+  while worker.is_alive():
+    say(f"{what}: still running, {time.perf_counter() - start:.0f} s")
+    worker.join(every_s)
+  if isinstance(out[0], BaseException):
+    raise out[0]
+  return out[0]

@@ -15,17 +15,17 @@ SEED_OFFSET = 7919  # an eval's sampling seed is the run's seed + this (apart fr
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig(SamplingFields):
-  """The `eval` section: the first num_prompts of each of the task's eval sets, `samples` per prompt,
-  pass@k for each k in ks, at these sampling settings (sampler/settings.SamplingFields; the paper's eval
-  differs in T 0.6 and top-p 0.95). every_steps = N > 0 also scores the trainer's current policy every N
-  trainer steps, whatever the lag (rl/policy_eval.py). save_prompts = N keeps the generations of the first N
-  prompts of each set (all their samples) and of each window's rollouts on disk (oapl_jax/generations.py; 0: none)."""
+  """The `eval` section: pass@k on the task's eval sets at these sampling settings (sampler/settings.SamplingFields;
+  the paper's eval differs in T 0.6 and top-p 0.95)."""
   temperature: float = sections.rule(0.6, low=0)
   top_p: float = sections.rule(0.95, low=0, high=1, low_open=True)
-  num_prompts: int = sections.rule(1_000_000, low=1)
-  samples: int = sections.rule(10, low=1)
-  ks: tuple[int, ...] = sections.rule((1, 5, 10), low=1, nonempty=True)
+  num_prompts: int = sections.rule(1_000_000, low=1)  # the first this many prompts of each eval set
+  samples: int = sections.rule(10, low=1)  # samples per prompt
+  ks: tuple[int, ...] = sections.rule((1, 5, 10), low=1, nonempty=True)  # pass@k for each k
+  # N > 0: also score the trainer's current policy every N trainer steps, whatever the lag (rl/policy_eval.py)
   every_steps: int = sections.rule(0, low=0)
+  # N: keep on disk the generations of the first N prompts of each set (all their samples) and of each window's
+  # rollouts (oapl_jax/generations.py; 0: none)
   save_prompts: int = sections.rule(8, low=0)
 
   def __post_init__(self):

@@ -337,15 +337,14 @@ def split_devices(devices: Sequence[Any], sampler_devices: int) -> tuple[list, l
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """The `mesh` section: ici sizes within a slice and dcn sizes across slices for MESH_AXES, one -1 per
-  list fills; sampler_devices > 0 gives the sampler its own devices (`split_devices`); rules override
-  DEFAULT_RULES by logical name (None, a mesh axis or a list of them)."""
-  trainer_ici: tuple[int, int, int] = (1, -1, 1)
-  trainer_dcn: tuple[int, int, int] = (-1, 1, 1)
-  sampler_ici: tuple[int, int, int] = (1, -1, 1)
-  sampler_dcn: tuple[int, int, int] = (-1, 1, 1)
-  sampler_devices: int = sections.rule(0, low=0)
-  rules: dict = dataclasses.field(default_factory=dict)
+  """The `mesh` section: sizes of the (data, fsdp, tensor) axes, ici within a slice and dcn across slices; one
+  -1 per list fills what is left."""
+  trainer_ici: tuple[int, int, int] = (1, -1, 1)  # the trainer's axes within a slice
+  trainer_dcn: tuple[int, int, int] = (-1, 1, 1)  # the trainer's axes across slices
+  sampler_ici: tuple[int, int, int] = (1, -1, 1)  # the sampler's axes within a slice
+  sampler_dcn: tuple[int, int, int] = (-1, 1, 1)  # the sampler's axes across slices
+  sampler_devices: int = sections.rule(0, low=0)  # > 0: the sampler's own devices (split_devices); 0: shared
+  rules: dict = dataclasses.field(default_factory=dict)  # DEFAULT_RULES overridden by logical name (axis, list, None)
 
   def __post_init__(self):
     sections.enforce(self)

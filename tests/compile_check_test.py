@@ -1,7 +1,9 @@
 """The compile check against libtpu's compile-only TPU devices (no TPU needed): topology names, memory
 that matches the abstract inputs, analytic FLOPs against XLA's count, and misfits reported as such."""
+import json
 import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -167,6 +169,51 @@ def test_remat_policy_and_mlp_pieces_change_only_the_executed_count():
   assert full["executed"] - dots["executed"] == weight_matmuls
   assert pieces["executed"] - full["executed"] == mlp_forward
   assert full["model"] == dots["model"] == pieces["model"]
+
+
+def _cli(json_path, programs="prefill,insert,decode"):
+  return ["--config", os.path.join(REPO, "configs/arithmetic.py"), "--topology", "v5e-8", f"--programs={programs}",
+          "--json", str(json_path)]
+
+
+def test_the_json_holds_each_finished_program_as_it_goes(tmp_path, monkeypatch):
+  """Before each program's compile (a fake: nothing compiles) the file holds the programs before it, not complete;
+  at the end all of them, complete; no temporary file is left beside it."""
+  path, found = tmp_path / "fit.json", []
+
+  def compile_memory(build, context=None, compiler_options=None):
+    found.append(json.loads(path.read_text()) if path.exists() else None)
+    return cc.Memory(argument=len(found), total=len(found) * GIB)
+  monkeypatch.setattr(cc, "compile_memory", compile_memory)
+  assert app.main(_cli(path)) == 0
+  assert found[0] is None
+  assert [(list(r["programs"]), r["complete"]) for r in found[1:]] == [(["prefill"], False),
+                                                                        (["prefill", "insert"], False)]
+  final = json.loads(path.read_text())
+  assert final["complete"] is True
+  assert {name: m["total"] for name, m in final["programs"].items()} == {"prefill": GIB, "insert": 2 * GIB,
+                                                                         "decode": 3 * GIB}
+  assert os.listdir(tmp_path) == ["fit.json"]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_before_the_next_program_with_one_line(tmp_path, monkeypatch, capsys, sig, code):
+  """The signal arrives while the first program compiles (a fake that sends it): that program finishes and is in
+  the file, no other starts, one line says so, the exit is 128 + the signal and the handlers are given back."""
+  path, calls, before = tmp_path / "fit.json", [], signal.getsignal(sig)
+
+  def compile_memory(build, context=None, compiler_options=None):
+    calls.append(build)
+    os.kill(os.getpid(), sig)
+    return cc.Memory(total=GIB)
+  monkeypatch.setattr(cc, "compile_memory", compile_memory)
+  assert app.main(_cli(path)) == code
+  assert len(calls) == 1
+  record = json.loads(path.read_text())
+  assert record["complete"] is False and list(record["programs"]) == ["prefill"]
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      f'compile check stopped by {sig.name}: prefill in {path} ("complete": false); not compiled: insert, decode')
+  assert signal.getsignal(sig) is before
 
 
 def test_tiny_hbm_is_reported_as_a_misfit_and_the_cli_exits_nonzero():

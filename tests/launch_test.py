@@ -51,6 +51,16 @@ def training_lines(lines):
   return [line for line in lines if "oapl_jax.main" in line]
 
 
+TEARDOWN = "# teardown (when done; this script never runs it): "
+
+
+def teardown(lines):
+  """The plan's last line: the command that frees what it rents, as a comment (never run)."""
+  assert lines[-1].startswith(TEARDOWN), lines[-1]
+  assert sum(line.startswith(TEARDOWN) for line in lines) == 1
+  return argv(lines[-1].removeprefix(TEARDOWN))
+
+
 def test_tpu_vm_v5p_64_single_slice():
   lines = tpu_vm("--name", "oapl-v5p", "--accelerator-type", "v5p-64")
   check = index_of(lines, "oapl_jax.apps.compile_check")
@@ -75,7 +85,9 @@ def test_tpu_vm_v5p_64_single_slice():
   assert remote[:3] == ["cd", f"oapl_jax/{COMMIT}", "&&"]
   assert remote[4:] == ["-m", "oapl_jax.main", "--config", "configs/math.py", "--workdir", GCS]
   assert not any("mesh.trainer_dcn" in word for word in remote)
-  assert lines[-1] == "wait"
+  assert lines[-2] == "wait"
+  assert teardown(lines) == ["gcloud", "compute", "tpus", "queued-resources", "delete", "oapl-v5p", "--zone=us-east5-a",
+                             "--project=my-proj", "--force", "--quiet"]  # --force: its TPU nodes too
 
 
 def test_tpu_vm_two_v5e_256_slices():
@@ -100,7 +112,15 @@ def test_tpu_vm_two_v5e_256_slices():
   assert remote[-2:] == ["--config.mesh.trainer_dcn=(2,1,1)", "--config.loop.num_syncs=2"]
   assert index_of(lines, "oapl_jax.apps.compile_check") < index_of(lines, "oapl_jax.main")
   # both slices start together (background), then one wait
-  assert all(line.endswith(" &") for line in training_lines(lines)) and lines[-1] == "wait"
+  assert all(line.endswith(" &") for line in training_lines(lines)) and lines[-2] == "wait"
+  assert teardown(lines)[4:6] == ["delete", "oapl-v5e"]  # the queued resource: both slices' nodes
+
+
+def test_a_tpu_vm_is_torn_down_as_one():
+  lines = tpu_vm("--name", "oapl-v6e", "--accelerator-type", "v6e-8", "--tpu-vm")
+  assert teardown(lines) == ["gcloud", "compute", "tpus", "tpu-vm", "delete", "oapl-v6e", "--zone=us-east5-a",
+                             "--project=my-proj", "--quiet"]
+  assert index_of(lines, "tpu-vm create") < len(lines) - 1
 
 
 def test_xpk_tpu_two_v5e_256_slices_and_gpu_nodes():
@@ -117,6 +137,8 @@ def test_xpk_tpu_two_v5e_256_slices_and_gpu_nodes():
   assert pod[:6] == ["bash", "launch/bootstrap.sh", "--extras", "tpu", "--commit", COMMIT]
   assert pod[-7:] == ["-m", "oapl_jax.main", "--config", "configs/math.py", "--workdir", GCS, "--config.mesh.trainer_dcn=(2,1,1)"]
   assert flag(words, "--script-dir") == f"/tmp/oapl_jax-{COMMIT}"  # a clean archive, not the work tree
+  assert teardown(lines) == ["xpk", "workload", "delete", "--workload", "oapl-math", "--cluster", "tpus", "--project",
+                             "my-proj", "--zone", "us-east5"]
 
   gpu = dry_run("xpk.sh", "--cluster", "gpus", "--workload", "oapl-math", "--device-type", "h100-80gb-8",
                 "--num-nodes", "2", *common)
@@ -126,6 +148,7 @@ def test_xpk_tpu_two_v5e_256_slices_and_gpu_nodes():
   pod = flag(words, "--command")
   assert pod.startswith("export JAX_NUM_PROCESSES=$NNODES JAX_PROCESS_ID=$NODE_RANK && ")  # expanded in the pod
   assert "--extras gpu" in pod
+  assert flag(teardown(gpu), "--cluster") == "gpus"
 
 
 def test_slurm_two_nodes_of_eight_h100():
@@ -145,6 +168,19 @@ def test_slurm_two_nodes_of_eight_h100():
   python = next(i for i, word in enumerate(words) if word.endswith("/bin/python"))
   assert words[python + 1:] == ["-m", "oapl_jax.main", "--config", "configs/math.py", "--workdir",
                                 "/shared/runs/math", "--config.loop.num_syncs=2"]
+  cancel = teardown(lines)  # after the allocation's plan too: the last line of the whole plan
+  assert cancel[0] == "scancel" and "--name=oapl" in cancel and any(w.startswith("--user=") for w in cancel[1:])
+
+
+@pytest.mark.parametrize("script, args", [
+    ("tpu_vm.sh", ["--name", "n", "--accelerator-type", "v9x-8", "--zone", "z", "--project", "p", "--config", "c",
+                   "--workdir", "w"]),
+    ("xpk.sh", ["--cluster", "c", "--workload", "w", "--project", "p", "--zone", "z", "--config", "c",
+                "--workdir", "w"])])
+def test_a_plan_refused_before_renting_has_no_teardown(script, args):
+  result = subprocess.run(["bash", f"launch/{script}", "--dry-run", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+  assert result.returncode == 2 and "teardown" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("script, args, message", [
@@ -190,13 +226,14 @@ def test_gcloud_accepts_every_tpu_command(tmp_path):
   lines += tpu_vm("--name", "oapl-v6e", "--accelerator-type", "v6e-8", "--tpu-vm", "--reserved")
   by_shape = {}  # one call per command and set of flags (the slices' commands differ only in node names)
   for line in lines:
+    line = line.removeprefix(TEARDOWN)  # the teardown too: gcloud must take it as printed
     line = line.split('"$(', 1)[-1].split(')" = ACTIVE', 1)[0]  # the state query inside the wait loop
     for part in line.split(" || "):
       words = argv(part.removesuffix(" >/dev/null 2>&1"))
       if words[0] == "gcloud":
         shape = (*words[:5], *sorted(w.split("=")[0] for w in words if w.startswith("--")))
         by_shape.setdefault(shape, words)
-  assert len(by_shape) == 9, sorted(by_shape)
+  assert len(by_shape) == 11, sorted(by_shape)
   for words in by_shape.values():  # gcloud wants --output-directory to exist
     for word in words:
       if word.startswith("--output-directory="):
@@ -261,12 +298,27 @@ def test_bootstrap_skips_when_the_stamp_matches(tmp_path):
   assert argv(other[index_of(other, "pip install --quiet -e")])[-1] == f"{REPO}[gpu]"  # new extras: reinstall
 
 
-@pytest.mark.parametrize("script", [s.removeprefix("launch/") for s in SCRIPTS if not s.endswith("steps.sh")])
-def test_help_prints_the_scripts_manual(script):
-  result = subprocess.run(["bash", f"launch/{script}", "--help"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, check=False)
+@pytest.mark.parametrize("script", [s.removeprefix("launch/") for s in SCRIPTS])
+@pytest.mark.parametrize("option", ["--help", "-h"])
+def test_help_prints_the_scripts_manual(script, option):
+  result = subprocess.run([f"launch/{script}", option], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=False)
   assert result.returncode == 0, result.stderr
-  assert "--dry-run" in result.stdout and not any(line.startswith(("#", "set -")) for line in result.stdout.splitlines())
+  lines = result.stdout.splitlines()
+  assert "--dry-run" in result.stdout and not any(line.startswith(("#", "set -")) for line in lines)
+  header = (REPO / "launch" / script).read_text().splitlines()[1:]
+  manual = [line.removeprefix("#").removeprefix(" ") for line in
+            header[:next(i for i, line in enumerate(header) if not line.startswith("#"))] if not line.startswith("#SBATCH")]
+  assert lines == manual  # the header comment, whole, and nothing of the code below it
+
+
+def test_steps_sh_names_every_helper_it_defines_and_refuses_to_run_as_a_launcher():
+  text = (REPO / "launch" / "steps.sh").read_text()
+  manual = subprocess.run(["launch/steps.sh", "--help"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+  defined = [line.split("(")[0] for line in text.splitlines() if line.endswith("() {")]
+  assert len(defined) >= 10 and all(f"{name} " in manual or f"{name}\n" in manual for name in defined), defined
+  bare = subprocess.run(["launch/steps.sh"], cwd=REPO, capture_output=True, text=True, check=False)
+  assert bare.returncode == 2 and bare.stdout == "" and bare.stderr.startswith("error: ") and "--help" in bare.stderr
 
 
 STAGES = ["--stage", "gs://b/models/Qwen3-0.6B=~/models/Qwen3-0.6B", "--stage", "hf:Qwen/Qwen3-0.6B@v1=~/models/q",

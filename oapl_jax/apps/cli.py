@@ -74,6 +74,25 @@ def add_config(p: argparse.ArgumentParser, *, default: Optional[str] = None, req
                  help="experiment config (get_config(ARG)); override fields with --config.a.b=VALUE")
 
 
+class _PrintConfigHelp(argparse.Action):
+  """--help-config [SECTION]: run/config_help's listing, then exit like --help (no config is read)."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    from oapl_jax.run import config_help  # pylint: disable=import-outside-toplevel
+    try:
+      text = config_help.render(values or None)
+    except KeyError as e:
+      parser.exit(2, f"error: {e.args[0]}\n")
+    print(text, end="")
+    parser.exit(0)
+
+
+def add_help_config(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--help-config", nargs="?", const="", default=argparse.SUPPRESS, metavar="SECTION",
+                 action=_PrintConfigHelp, help="list every config field (or SECTION's: loop, trainer.optim, task.chat, "
+                 "...): its --config.* name, type, default, bounds and meaning; then exit")
+
+
 def parse(p: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None):
   """(args, cfg): the flags, and the config file's ConfigDict with every --config.* override applied."""
   args, rest = p.parse_known_args(sys.argv[1:] if argv is None else argv)

@@ -3,18 +3,26 @@ memory per chip against HBM, FLOPs and a step-time estimate (oapl_jax/compile_ch
 
   python -m oapl_jax.apps.compile_check --config configs/math.py --topology v5p-64
   python -m oapl_jax.apps.compile_check --config configs/math.py --topology 2xv5litepod-256 '--config.mesh.trainer_dcn=(2,1,1)'
+
+--json FILE is rewritten after each program with those finished so far ("complete": false until the last). Ctrl-C
+or SIGTERM stops before the next program (the one compiling finishes) with one line naming the programs in FILE;
+exit 128 + the signal (130, 143): a stopped check has not shown that the run fits (a second signal stops at once).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sys
+import tempfile
 from typing import Optional, Sequence
 
 import jax
 
 from oapl_jax import compile_check as cc
 from oapl_jax.apps import cli
+from oapl_jax.rl import preemption
 
 GIB = 1024 ** 3
 
@@ -62,6 +70,19 @@ def format_report(report: cc.Report) -> str:
   return "\n".join(lines + [f"note: {n}" for n in notes])
 
 
+def write_json(path: str, report: cc.Report, complete: bool) -> None:
+  """The report's numbers at `path`, replaced whole (a temporary file, then os.replace): a reader never sees half."""
+  record = {**dataclasses.asdict(report), "fits": report.fits(), "complete": complete}
+  fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".compile_check.")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(record, f, indent=2, default=float)
+    os.replace(temporary, path)
+  except BaseException:
+    os.unlink(temporary)
+    raise
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = cli.parser("python -m oapl_jax.apps.compile_check", __doc__)
   cli.add_config(p, required=True)
@@ -75,17 +96,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument("--programs", default=",".join(cc.PROGRAMS),
                  help="comma-separated programs to compile (e.g. train_step alone: minutes less at the paper's scale)")
   p.add_argument("--num_layers", type=int, default=0, help="compile the model cut to this many layers (0: all)")
-  p.add_argument("--json", default="", help="write the numbers here")
+  p.add_argument("--json", default="", help="write the numbers here, after each program (\"complete\": false "
+                 "until the last)")
   args, cfg = cli.parse(p, argv)
   jax.config.update("jax_platforms", "cpu")  # compile-only TPU devices come from libtpu; run nothing here
-  report = cc.check(cfg, args.topology, seq_len=args.seq_len or None, mfu=args.mfu,
-                    hbm_bytes=int(args.hbm_gib * GIB) if args.hbm_gib else None,
-                    programs=[x for x in args.programs.split(",") if x], num_layers=args.num_layers,
-                    host_bytes_per_s=args.host_gbps * 1e9 or None)
+  programs = [x for x in args.programs.split(",") if x]
+  stop = preemption.StopFlag(then="stopping when the compile in flight returns (send it again to stop at once)")
+  save = (lambda report: write_json(args.json, report, complete=False)) if args.json else (lambda report: None)
+  try:
+    stop.install()
+    report = cc.check(cfg, args.topology, seq_len=args.seq_len or None, mfu=args.mfu,
+                      hbm_bytes=int(args.hbm_gib * GIB) if args.hbm_gib else None, programs=programs,
+                      num_layers=args.num_layers, host_bytes_per_s=args.host_gbps * 1e9 or None, stop=stop,
+                      on_program=save)
+  finally:
+    stop.uninstall()
+  left = [name for name in cc.PROGRAMS if name in programs and name not in report.programs]
+  if stop.requested and left:
+    save(report)  # the file says what finished, even when nothing had
+    done = ", ".join(report.programs) or "no program"
+    where = f"in {args.json} (\"complete\": false)" if args.json else "finished (no --json: not written)"
+    print(f"compile check stopped by {stop.signal_name}: {done} {where}; not compiled: {', '.join(left)}",
+          file=sys.stderr)
+    return 128 + signal.Signals[stop.signal_name].value
   print(format_report(report))
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump({**dataclasses.asdict(report), "fits": report.fits()}, f, indent=2, default=float)
+    write_json(args.json, report, complete=True)
   misfits = [name for name, ok in report.fits().items() if not ok]
   if misfits:
     print(f"\nDOES NOT FIT {report.topology}: {', '.join(misfits)} (over {report.hbm_bytes / GIB:.2f} GiB per chip, "

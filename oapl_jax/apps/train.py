@@ -3,6 +3,7 @@
   python -m oapl_jax.main --config configs/arithmetic.py --workdir runs/demo
   oapl-train --config configs/math.py:smoke --workdir /tmp/smoke --config.loop.num_syncs=2
   oapl-train --config configs/own_task.py --workdir runs/own --dry_run    # check config and data, build nothing
+  oapl-train --help-config loop    # every field of a section (none: all) with its default and meaning
 
 SIGTERM (exit 0) or Ctrl-C (exit 130) stops the run after the step in flight with a checkpoint there, in the warm
 start too (RUN/warmstart_checkpoints); the same command resumes it exactly. One during the final eval ends the run
@@ -29,6 +30,7 @@ from oapl_jax.run import assemble, check, schema  # noqa: E402
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = cli.parser("oapl-train", __doc__)
   cli.add_config(p, default="configs/arithmetic.py")
+  cli.add_help_config(p)
   p.add_argument("--workdir", default="runs/demo", help="logs, checkpoints, curve and summary go here")
   p.add_argument("--dry_run", action="store_true", help="check the config and the task's data, then exit")
   p.add_argument("--allow_config_changes", action="store_true",

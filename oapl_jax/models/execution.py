@@ -50,8 +50,8 @@ class Execution:
   # Training and prefill attention kernel (models/attention.py): auto | splash | cudnn | blockwise | reference;
   # "auto" picks by the platform of the mesh being traced for (so a TPU compile check gets splash).
   attention: str = sections.rule("auto", choices=IMPLEMENTATIONS)
-  attention_block_q: int = sections.rule(512, low=1)
-  attention_block_kv: int = sections.rule(512, low=1)
+  attention_block_q: int = sections.rule(512, low=1)  # query positions per block (blockwise and splash kernels)
+  attention_block_kv: int = sections.rule(512, low=1)  # key/value positions per block (blockwise and splash)
 
   def __post_init__(self):
     sections.enforce(self)

@@ -19,7 +19,7 @@ class ModelSpec(Execution):
   models/families.py, its family from config.json's model_type; else a preset of any family, with
   architecture overrides) and how it runs (the Execution fields: dtypes, remat, attention kernel)."""
   checkpoint: str = ""  # an HF directory (then preset is ignored); '' = the preset from random weights
-  preset: str = sections.rule("tiny", choices=tuple(PRESETS))
+  preset: str = sections.rule("tiny", choices=tuple(PRESETS))  # a named architecture (models/families.py)
   overrides: dict = dataclasses.field(default_factory=dict)  # architecture fields of the preset
 
   def __post_init__(self):

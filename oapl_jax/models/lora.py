@@ -29,10 +29,10 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 @dataclasses.dataclass(frozen=True)
 class LoraSettings:
   """The `trainer.lora` section: rank 0 = full fine-tuning (no adapters)."""
-  rank: int = sections.rule(0, low=0)
-  alpha: float = sections.rule(16.0, low=0, low_open=True)
+  rank: int = sections.rule(0, low=0)  # the adapters' inner dimension
+  alpha: float = sections.rule(16.0, low=0, low_open=True)  # the adapters' update is scaled by alpha / rank
   targets: tuple[str, ...] = sections.rule(("q_proj", "k_proj", "v_proj", "o_proj"), choices=PROJECTIONS,
-                                           nonempty=True)
+                                           nonempty=True)  # the projections that get adapters
 
   def __post_init__(self):
     sections.enforce(self)

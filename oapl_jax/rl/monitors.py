@@ -43,13 +43,14 @@ class DivergenceError(FloatingPointError):
 
 @dataclasses.dataclass(frozen=True)
 class MonitorConfig:
-  """The `monitors` section (the module docstring says what each watches)."""
-  max_skipped_updates: int = sections.rule(3, low=1)
-  loss_explosion_factor: float = sections.rule(1e4, low=1, low_open=True)
-  entropy_floor: float = sections.rule(1e-3, low=0)
-  no_signal_steps: int = sections.rule(20, low=1)
-  max_reward_failure_fraction: float = sections.rule(0.5, low=0, high=1)  # of a rollout chunk's rewards
-  max_truncated_fraction: float = sections.rule(0.5, low=0, high=1)  # of a chunk's responses cut at the budget
+  """The `monitors` section: run health read from each step's metrics (the module docstring says more)."""
+  max_skipped_updates: int = sections.rule(3, low=1)  # non-finite updates in a row that stop the run
+  loss_explosion_factor: float = sections.rule(1e4, low=1, low_open=True)  # x the recent median |loss|: a warning
+  entropy_floor: float = sections.rule(1e-3, low=0)  # mean token entropy under it: a collapse warning
+  no_signal_steps: int = sections.rule(20, low=1)  # steps in a row with equal rewards in every group: a warning
+  max_reward_failure_fraction: float = sections.rule(0.5, low=0, high=1)  # of a chunk's rewards: more stops the run
+  max_truncated_fraction: float = sections.rule(0.5, low=0, high=1)  # of a chunk's responses cut at the token
+  # budget: more is a warning naming sampler.max_new_tokens
 
   def __post_init__(self):
     sections.enforce(self)

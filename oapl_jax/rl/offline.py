@@ -41,8 +41,9 @@ from oapl_jax.rl.rollout_store import RolloutStore, StoreHeader, take_groups
 
 @dataclasses.dataclass(frozen=True)
 class OfflineConfig:
-  """The `offline` config section: per-stage prompt counts and epochs, chunking, the filter."""
-  stages: int = sections.rule(2, low=1)
+  """The `offline` config section (configs run by oapl_jax.apps.offline): per-stage prompt counts and epochs,
+  chunking, the filter."""
+  stages: int = sections.rule(2, low=1)  # generate-then-train rounds (the paper's code setting: 2)
   prompts: tuple[int, ...] = sections.rule((0, 4000), low=0)  # training prompts per stage (0: all of them)
   epochs: tuple[int, ...] = sections.rule((1, 4), low=1)  # passes over each stage's kept groups
   chunk_prompts: int = sections.rule(64, low=1)  # prompts per sampler call and per stored Parquet chunk

@@ -14,13 +14,13 @@ from oapl_jax import sections
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """The trainer's optimizer (defaults: the paper's math setting); the warm start has its own defaults."""
-  lr: float = sections.rule(1e-6, low=0, low_open=True)
-  b1: float = sections.rule(0.9, low=0, high=1, high_open=True)
-  b2: float = sections.rule(0.95, low=0, high=1, high_open=True)
-  eps: float = sections.rule(1e-8, low=0, low_open=True)
+  lr: float = sections.rule(1e-6, low=0, low_open=True)  # peak learning rate
+  b1: float = sections.rule(0.9, low=0, high=1, high_open=True)  # Adam's first-moment decay
+  b2: float = sections.rule(0.95, low=0, high=1, high_open=True)  # Adam's second-moment decay
+  eps: float = sections.rule(1e-8, low=0, low_open=True)  # Adam's denominator epsilon
   weight_decay: float = sections.rule(0.0, low=0)  # decoupled (AdamW), on every parameter like torch.optim.AdamW
   max_grad_norm: float = sections.rule(1.0, low=0)  # global-norm clipping; 0 = off
-  schedule: str = sections.rule("constant", choices=("constant", "cosine"))
+  schedule: str = sections.rule("constant", choices=("constant", "cosine"))  # cosine: linear warmup, then cosine
   warmup_ratio: float = sections.rule(0.0, low=0, high=1, high_open=True)  # cosine: warmup = ratio * total_steps
   min_ratio: float = sections.rule(0.0, low=0, high=1)  # cosine: final lr = min_ratio * lr
   total_steps: int = sections.rule(0, low=0)  # cosine: steps to reach the final lr (0: the owner sets it)

@@ -39,8 +39,11 @@ class Stopped(Exception):
 class StopFlag:
   """Signal handlers that set a flag, and the cross-process agreement on it (see the module docstring)."""
 
-  def __init__(self, mesh: Optional[jax.sharding.Mesh] = None):
+  def __init__(self, mesh: Optional[jax.sharding.Mesh] = None, *,
+               then: str = "finishing the step in flight, then saving a checkpoint and stopping (send it again to "
+                           "stop at once, without a save)"):
     self.signal_name: Optional[str] = None  # the signal that asked for the stop (this process's)
+    self.then = then  # what the line logged on a first signal says comes next
     self._previous: dict[int, Any] = {}
     self._interrupting = False
     self._collective = False
@@ -78,8 +81,7 @@ class StopFlag:
       logging.warning("%s received: stopping the final eval (the trained state is checkpointed; the same command "
                       "runs the eval)", self.signal_name)
       raise Stopped(self.signal_name)
-    logging.warning("%s received: finishing the step in flight, then saving a checkpoint and stopping "
-                    "(send it again to stop at once, without a save)", self.signal_name)
+    logging.warning("%s received: %s", self.signal_name, self.then)
 
   def request(self, name: str = "SIGTERM") -> None:
     """As if `name` had arrived (tests, notebooks)."""

@@ -20,26 +20,24 @@ from oapl_jax import sections
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-  """The `loop` section (Algorithm 1): sync_every = L trainer steps per window, num_syncs windows; a step
-  samples batch_prompts groups of group_size; the sampler adds chunks of prompts_per_rollout prompts; step
-  s of a window may use the first min(1 + s // steps_per_rollout, chunks) chunks; the fresh snapshot is
-  evaluated every eval_every_syncs windows. sampler_delay_windows = 1: the snapshot a window samples from
-  is the params at the start of the previous window (off-by-one asynchronous RL, the paper's GRPO
-  baseline; a resumed run's first window samples from its restored params)."""
-  sync_every: int = sections.rule(50, low=1)
-  num_syncs: int = sections.rule(10, low=1)
-  batch_prompts: int = sections.rule(128, low=1)
-  prompts_per_rollout: int = sections.rule(128, low=1)
-  group_size: int = sections.rule(8, low=1)
-  steps_per_rollout: int = sections.rule(2, low=1)
-  eval_every_syncs: int = sections.rule(1, low=1)
+  """The `loop` section (Algorithm 1): windows of sync_every trainer steps, each sampling from one snapshot;
+  step s of a window may use the first min(1 + s // steps_per_rollout, chunks) rollout chunks."""
+  sync_every: int = sections.rule(50, low=1)  # L: trainer steps per window (the sampler refreshes after them)
+  num_syncs: int = sections.rule(10, low=1)  # windows in the run
+  batch_prompts: int = sections.rule(128, low=1)  # prompts (groups) per trainer step
+  prompts_per_rollout: int = sections.rule(128, low=1)  # prompts per rollout chunk the sampler adds
+  group_size: int = sections.rule(8, low=1)  # G: samples per prompt
+  steps_per_rollout: int = sections.rule(2, low=1)  # trainer steps per rollout chunk made visible
+  eval_every_syncs: int = sections.rule(1, low=1)  # evaluate the fresh snapshot every this many windows
+  # 1: the snapshot a window samples from is the params at the start of the previous window (off-by-one
+  # asynchronous RL, the paper's GRPO baseline; a resumed run's first window samples from its restored params)
   sampler_delay_windows: int = sections.rule(0, low=0, high=1)
   # Adaptive lag: a window ends (the sampler refreshes) after the step that follows one whose drift from the
   # sampler, train/<drift_metric> on its batch, exceeded refresh_drift (read one step late, so the trainer
   # never waits); sync_every stays the most steps a window lasts. 0 = off: every window is sync_every steps.
   # The run's budget stays num_syncs x sync_every trainer steps, however many windows that takes.
   refresh_drift: float = sections.rule(0.0, low=0)
-  drift_metric: str = sections.rule("seq_log_ratio_abs_mean",
+  drift_metric: str = sections.rule("seq_log_ratio_abs_mean",  # the train/ metric refresh_drift is compared with
                                     choices=("seq_log_ratio_abs_mean", "token_log_ratio_abs_mean"))
 
   # demonstrations in the buffer (rl/demo_mix.py): round(demo_fraction x group_size) samples of every group whose

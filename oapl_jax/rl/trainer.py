@@ -58,7 +58,7 @@ def _loss_settings(per_loss, path: str, problems: sections.Problems, section: Ma
 class TrainConfig:
   """The `trainer` section. In a config, loss_settings = {loss name: its settings}; only the chosen
   loss's entry is read (the others keep their defaults, so a sweep over `loss` needs no edits)."""
-  loss: str = sections.rule("oapl", choices=tuple(objectives.LOSSES))
+  loss: str = sections.rule("oapl", choices=tuple(objectives.LOSSES))  # the objective (objectives/<loss>.py)
   loss_settings: objectives.Settings = sections.rule(default_factory=objectives.OAPLSettings, convert=_loss_settings)
   optim: OptimConfig = OptimConfig()
   # LoRA adapters (rank > 0): only they are trained, held in the optimizer and checkpointed; the base is frozen

@@ -31,8 +31,8 @@ from oapl_jax.tasks.base import Demonstration
 class WarmStartConfig:
   """The `warmstart` section: supervised steps on the task's demonstrations before RL (0 = none). A cosine
   schedule with optim.total_steps = 0 spans the whole warm start."""
-  steps: int = sections.rule(0, low=0)
-  batch_size: int = sections.rule(0, low=0)
+  steps: int = sections.rule(0, low=0)  # supervised steps (0: no warm start)
+  batch_size: int = sections.rule(0, low=0)  # demonstrations per step (>= 1 when steps > 0)
   # a final nll per token under this reads as memorised demonstrations (a warning): an imperfect teacher's slips
   # learned per demonstration leave RL groups of equal rewards (the chain task's first warm start: 0.0024)
   memorised_nll: float = sections.rule(0.005, low=0)

@@ -41,7 +41,9 @@ def _task(section, path: str, problems: sections.Problems, _values) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  seed: int = sections.rule(0, low=0)
+  """The run config: its sections, of which `task` holds the chosen task's settings (task.name picks the task)
+  and trainer.loss_settings one entry per loss (trainer.loss picks the one read)."""
+  seed: int = sections.rule(0, low=0)  # every random draw of the run: a preset's init, data order, sampling, eval
   model: ModelSpec = ModelSpec()
   task: Any = sections.rule(None, convert=_task)  # the task's typed settings (tasks/factory.TASKS)
   warmstart: WarmStartConfig = WarmStartConfig()

@@ -12,9 +12,9 @@ class SamplingFields:
   """The sampling fields, written once: the runtime SamplingSettings and the config sections that sample (the
   `sampler` section here, `eval` in evaluation.py) all derive from it, and restate a field only where its
   default or range differs from these."""
-  max_new_tokens: int = sections.rule(1024, low=1)
+  max_new_tokens: int = sections.rule(1024, low=1)  # a response's token budget
   temperature: float = sections.rule(1.0, low=0)  # 0 = greedy
-  top_p: float = sections.rule(1.0, low=0, high=1, low_open=True)
+  top_p: float = sections.rule(1.0, low=0, high=1, low_open=True)  # nucleus sampling's mass (1 = off)
   top_k: int = sections.rule(0, low=0)  # 0 = off
   steps_per_sync: int = sections.rule(16, low=1)  # decode steps the device runs per host visit
   grow_cache: bool = True  # attend over a KV cache that grows with the batch (faster decode, a compile per length)
@@ -46,8 +46,8 @@ class SamplingSettings(SamplingFields):
 class SamplerConfig(SamplingFields):
   """The `sampler` section: the rollout sampler's slots, prompt bucket, dtype and sampling. Its temperature
   is also the trainer's (policy log-probs use logits / temperature), so it cannot be 0 (greedy)."""
-  temperature: float = sections.rule(1.0, low=0, low_open=True)
-  num_slots: int = sections.rule(64, low=1)
-  max_prefill_length: int = sections.rule(1024, low=1)
-  dtype: str = sections.rule("float32", choices=DTYPES)
+  temperature: float = sections.rule(1.0, low=0, low_open=True)  # also the trainer's (no greedy)
+  num_slots: int = sections.rule(64, low=1)  # sequences decoded at once (continuous batching)
+  max_prefill_length: int = sections.rule(1024, low=1)  # the longest prompt in tokens (validation.on_oversized)
+  dtype: str = sections.rule("float32", choices=DTYPES)  # the snapshot's params and its compute
   backend: str = sections.rule("jax", choices=BACKENDS)  # sampler/api.py: 'scripted' decodes nothing (tests)

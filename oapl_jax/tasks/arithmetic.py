@@ -118,9 +118,9 @@ def make_task(num_train: int = 2048, num_held_out: int = 256, *, seed: int = 0,
 @dataclasses.dataclass(frozen=True)
 class ArithmeticSettings(synthetic_draw.SyntheticSettings):
   """task.name='arithmetic' (a slipped demonstration's last digit is off by one)."""
-  name: str = "arithmetic"
-  num_digits: int = sections.rule(2, low=1)
-  operations: tuple[str, ...] = sections.rule(("+",), choices=tuple(OPERATIONS), nonempty=True)
+  name: str = "arithmetic"  # task.name: this task
+  num_digits: int = sections.rule(2, low=1)  # digits per operand
+  operations: tuple[str, ...] = sections.rule(("+",), choices=tuple(OPERATIONS), nonempty=True)  # drawn per problem
 
 
 def from_config(cfg: ArithmeticSettings) -> base.Task:

@@ -128,9 +128,9 @@ def make_task(num_train: int = 4096, num_held_out: int = 256, *, seed: int = 0, 
 @dataclasses.dataclass(frozen=True)
 class ChainSettings(synthetic_draw.SyntheticSettings):
   """task.name='chain'."""
-  name: str = "chain"
-  num_terms: int = sections.rule(7, low=2)
-  num_digits: int = sections.rule(2, low=1)
+  name: str = "chain"  # task.name: this task
+  num_terms: int = sections.rule(7, low=2)  # terms summed, one worked step each after the first
+  num_digits: int = sections.rule(2, low=1)  # digits per term
 
 
 def from_config(cfg: ChainSettings) -> base.Task:

@@ -146,17 +146,18 @@ def make_task(num_train: int = 96, num_held_out: int = 32, *, seed: int = 0, num
 @dataclasses.dataclass(frozen=True)
 class CodeSyntheticSettings:
   """task.name='code_synthetic' (configs/code.py:smoke)."""
-  name: str = "code_synthetic"
-  num_digits: int = sections.rule(1, low=1, high=3)
-  num_train: int = sections.rule(96, low=1)
-  num_held_out: int = sections.rule(32, low=1)
+  name: str = "code_synthetic"  # task.name: this task
+  num_digits: int = sections.rule(1, low=1, high=3)  # digits of a and b in f(x) = a*x +- b
+  num_train: int = sections.rule(96, low=1)  # training problems
+  num_held_out: int = sections.rule(32, low=1)  # problems of the eval set 'held_out'
+  # the fraction of all (a, sign, b) reserved for held-out problems (a hash decides, so the splits never meet)
   held_out_fraction: float = sections.rule(0.25, low=0, high=1, low_open=True, high_open=True)
-  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
-  teacher_copies: int = sections.rule(1, low=1)
-  reward_workers: int = sections.rule(2, low=1)
-  reward_timeout_s: float = sections.rule(2.0, low=0, low_open=True)
+  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)  # the chance a demonstration's sign is flipped
+  teacher_copies: int = sections.rule(1, low=1)  # demonstrations per training problem
+  reward_workers: int = sections.rule(2, low=1)  # sandbox processes grading programs
+  reward_timeout_s: float = sections.rule(2.0, low=0, low_open=True)  # a program's time limit (past it: reward 0)
   reward_cache: int = sections.rule(0, low=0)  # programs whose reward is kept (code_reward.CodeReward.cache_size)
-  seed: int = sections.rule(0, low=0)
+  seed: int = sections.rule(0, low=0)  # the problems' draw
 
   def __post_init__(self):
     sections.enforce(self)

@@ -19,22 +19,22 @@ from oapl_jax.tasks.templates import ChatTokenizer
 @dataclasses.dataclass(frozen=True)
 class ChatSettings:
   """task.name='chat': problem/answer records (math/GSM8K-style) templated with the model's chat template.
-  answer_after: e.g. "####" for GSM8K, the answer is what follows it. reward_workers, reward_timeout_s,
-  reward_memory_mb: math_verify's worker processes, as in tasks/records_task.RecordsSettings."""
-  name: str = "chat"
-  tokenizer_dir: str = ""
-  train_path: str = ""
-  eval_paths: dict = dataclasses.field(default_factory=dict)
-  problem_key: str = "problem"
-  answer_key: str = "answer"
-  system_prompt: str = ""
+  The reward's limits are math_verify's worker processes, as in tasks/records_task.RecordsSettings."""
+  name: str = "chat"  # task.name: this task
+  tokenizer_dir: str = ""  # the model's HF checkpoint directory (its tokenizer and chat template)
+  train_path: str = ""  # training records: .jsonl, .parquet or tfds:NAME/SPLIT
+  eval_paths: dict = dataclasses.field(default_factory=dict)  # {eval set name: its records' source}
+  problem_key: str = "problem"  # the record field holding the problem
+  answer_key: str = "answer"  # the record field holding the gold answer
+  system_prompt: str = ""  # the chat template's system message ('' = none)
+  # appended to each problem
   instruction_suffix: str = " Let's think step by step and output the final answer within \\boxed{}."
-  reward: str = sections.rule("math_verify", choices=tuple(rewards.REWARDS))
-  reward_workers: int = sections.rule(4, low=1)
-  reward_timeout_s: float = sections.rule(10.0, low=0, low_open=True)
-  reward_memory_mb: int = sections.rule(0, low=0)
-  max_train: int = sections.rule(0, low=0)
-  answer_after: str = ""
+  reward: str = sections.rule("math_verify", choices=tuple(rewards.REWARDS))  # how a response is scored
+  reward_workers: int = sections.rule(4, low=1)  # math_verify's worker processes
+  reward_timeout_s: float = sections.rule(10.0, low=0, low_open=True)  # per item (past it: 0, a reward failure)
+  reward_memory_mb: int = sections.rule(0, low=0)  # the memory an item may allocate in its worker (0: no limit)
+  max_train: int = sections.rule(0, low=0)  # the first this many training records (0: all)
+  answer_after: str = ""  # e.g. "####" for GSM8K: the answer is what follows it in the answer field
 
   def __post_init__(self):
     sections.enforce(self)

@@ -135,10 +135,9 @@ def validate_task(task: Task, demands: Demands, *, task_settings=None,
 
 @dataclasses.dataclass(frozen=True)
 class ValidationConfig:
-  """The `validation` section: prompts longer than sampler.max_prefill_length are an "error" or a counted
-  "skip"; duplicate records are kept ("keep") or dropped ("drop"), and counted either way."""
-  on_oversized: str = sections.rule("error", choices=("error", "skip"))
-  on_duplicates: str = sections.rule("keep", choices=("keep", "drop"))
+  """The `validation` section: what the checks of a task's data before compute do with what they find."""
+  on_oversized: str = sections.rule("error", choices=("error", "skip"))  # a prompt over sampler.max_prefill_length
+  on_duplicates: str = sections.rule("keep", choices=("keep", "drop"))  # duplicate records (counted either way)
 
   def __post_init__(self):
     sections.enforce(self)

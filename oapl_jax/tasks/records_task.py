@@ -34,32 +34,29 @@ class PrintableTokenizer(char_tokenizer.CharTokenizer):
 class RecordsSettings:
   """task.name='records': your own task from data files. Sources are .jsonl, .parquet or tfds:NAME/SPLIT.
   Each record's prompt is record[prompt_key] + instruction_suffix (an HF tokenizer's chat template wraps it,
-  with system_prompt); reward: a name in tasks/rewards.REWARDS, or 'package.module:function' to
-  `score(record, response) -> float` (it gets the prompt's whole record; else record[answer_key] is the
-  answer). tokenizer: "chars" (printable ASCII, tiny models) or an HF checkpoint directory.
-  demonstrations_path: records with prompt_key (the same key as the prompts) and completion_key, for the warm
-  start. reward_workers, reward_timeout_s: an import-path (or math_verify) reward runs in that many worker
-  processes, an item stopped after that many seconds (it scores 0 and counts as a reward failure); what an item
-  starts is killed when it returns, and what it prints is logged (first lines) and counted, never on the
-  trainer's stdout. reward_memory_mb: the memory (address space) an item may allocate in its worker, 0: no
-  limit; past it the item scores 0 and counts as a reward failure.
-  unfinished_reward: what a response cut at the token budget scores with "chars"."""
-  name: str = "records"
-  train_path: str = ""
-  eval_paths: dict = dataclasses.field(default_factory=dict)
+  with system_prompt). An import-path (or math_verify) reward runs in worker processes: what an item starts is
+  killed when it returns, and what it prints is logged (first lines) and counted, never on the trainer's stdout."""
+  name: str = "records"  # task.name: this task
+  train_path: str = ""  # training records
+  eval_paths: dict = dataclasses.field(default_factory=dict)  # {eval set name: its records' source}
+  # a name in tasks/rewards.REWARDS, or 'package.module:function' to `score(record, response) -> float` (it gets
+  # the prompt's whole record; else record[answer_key] is the answer)
   reward: str = "exact_match"
-  tokenizer: str = CHARS_TOKENIZER
+  tokenizer: str = CHARS_TOKENIZER  # "chars" (printable ASCII, tiny models) or an HF checkpoint directory
+  # records with prompt_key (the same key as the prompts) and completion_key, for the warm start ('' = none)
   demonstrations_path: str = ""
-  prompt_key: str = "prompt"
-  answer_key: str = "answer"
-  completion_key: str = "completion"
-  system_prompt: str = ""
-  instruction_suffix: str = ""
-  reward_workers: int = sections.rule(2, low=1)
-  reward_timeout_s: float = sections.rule(10.0, low=0, low_open=True)
+  prompt_key: str = "prompt"  # the record field holding the prompt
+  answer_key: str = "answer"  # the record field holding the gold answer
+  completion_key: str = "completion"  # a demonstration's field holding its response
+  system_prompt: str = ""  # the chat template's system message ('' = none)
+  instruction_suffix: str = ""  # appended to each prompt
+  reward_workers: int = sections.rule(2, low=1)  # the reward's worker processes
+  reward_timeout_s: float = sections.rule(10.0, low=0, low_open=True)  # per item (past it: 0, a reward failure)
+  # the memory (address space) an item may allocate in its worker, 0: no limit; past it the item scores 0 and
+  # counts as a reward failure
   reward_memory_mb: int = sections.rule(0, low=0)
-  max_train: int = sections.rule(0, low=0)
-  unfinished_reward: float = sections.rule(0.0, low=-1e9)
+  max_train: int = sections.rule(0, low=0)  # the first this many training records (0: all)
+  unfinished_reward: float = sections.rule(0.0, low=-1e9)  # "chars": what a response cut at the budget scores
 
   def __post_init__(self):
     sections.enforce(self)

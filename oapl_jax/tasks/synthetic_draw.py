@@ -14,10 +14,10 @@ Key = TypeVar("Key", bound=Hashable)
 class SyntheticSettings:
   """The fields every synthetic task's section has: split sizes, the draw's seed, and the warm-start
   teacher's slip rate (the fraction of demonstrations it gets wrong)."""
-  num_train: int = sections.rule(4096, low=1)
-  num_held_out: int = sections.rule(256, low=1)
-  seed: int = sections.rule(0, low=0)
-  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)
+  num_train: int = sections.rule(4096, low=1)  # training problems
+  num_held_out: int = sections.rule(256, low=1)  # problems of the eval set 'held_out' (none shared with train)
+  seed: int = sections.rule(0, low=0)  # the problems' draw
+  teacher_slip_rate: float = sections.rule(0.0, low=0, high=1)  # the fraction of demonstrations that are wrong
 
   def __post_init__(self):
     sections.enforce(self)
