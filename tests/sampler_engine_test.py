@@ -171,6 +171,18 @@ def test_request_checks(tmp_path):
   for reason, check in refused.items():
     with pytest.raises(engine_lib.InvalidRequest, match=reason):
       check()
+  per_token = engine._tokenizer.max_token_bytes  # pylint: disable=protected-access
+  assert per_token == max(len(hf_tok.decode([i]).encode()) for i in range(len(hf_tok)))
+  rng = np.random.default_rng(0)
+  for _ in range(20):  # the bound it rests on: a text has at least bytes / per_token tokens
+    text = "".join(rng.choice(list("ab 1+?\n\u00e9<|>"), size=int(rng.integers(1, 200))))
+    assert len(hf_tok.encode(text, add_special_tokens=False)) >= len(text.encode()) / per_token
+  calls = []
+  encode = hf_tok.encode
+  engine._tokenizer.hf.encode = lambda *a, **k: calls.append(1) or encode(*a, **k)  # pylint: disable=protected-access
+  with pytest.raises(engine_lib.InvalidRequest, match=f"{16 * per_token + 1} bytes, more than max_prefill_length=16"):
+    engine.check_prompt_text("x" * (16 * per_token + 1))
+  assert not calls  # refused before tokenizing (a 1 MB prompt took 14.8 s to tokenize, holding the lock)
   ids_only = engine_lib.SamplerEngine(engine.sampler.model, max_prefill_length=16)  # no tokenizer files
   assert ids_only.check_prompt_text(" 3  1\n4 ") == [3, 1, 4]
   with pytest.raises(engine_lib.InvalidRequest, match=r"no tokenizer files.*\['What', 'is'"):

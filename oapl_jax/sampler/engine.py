@@ -124,6 +124,11 @@ class SamplerEngine(engine_api.Engine):
     """`text` through the engine's tokenizer, then `check_prompt_ids`."""
     if not text:
       raise InvalidRequest("the prompt text is empty")
+    per_token = getattr(self._tokenizer, "max_token_bytes", None)  # text of ids: no bound (split is cheap)
+    limit = None if per_token is None else per_token * self.sampler.max_prefill_length
+    if limit is not None and len(text) > limit // 4 and len(text.encode("utf-8")) > limit:  # refused untokenized
+      raise InvalidRequest(f"the prompt text has {len(text.encode('utf-8'))} bytes, more than max_prefill_length="
+                           f"{self.sampler.max_prefill_length} tokens of at most {per_token} bytes each can hold")
     try:
       token_ids = self._tokenizer.prompt_ids(text)
     except ValueError as e:

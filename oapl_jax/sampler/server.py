@@ -11,7 +11,9 @@ parameters); max_tokens is per request.
 JetStream's driver threads SIGKILL their own process on any exception, so every request is
 checked on the gRPC side first (`check_request`): a bad one (empty, too long, ids outside the
 vocabulary, text without tokenizer files, max_tokens outside 1..max_decode_length) gets
-INVALID_ARGUMENT with the reason, and only that client sees it. Nothing is truncated or clamped.
+INVALID_ARGUMENT with the reason, and only that client sees it. Nothing is truncated or clamped. The check runs
+on a worker thread, off the event loop, and a text longer in bytes than max_prefill_length tokens of the
+vocabulary's longest can hold is refused before it is tokenized (a 1 MB prompt costs the server nothing).
 """
 import asyncio
 import logging
@@ -53,8 +55,8 @@ class CheckedOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
     self._engine = engine
 
   async def Decode(self, request, context):  # noqa: N802 (the gRPC method's name)
-    try:
-      check_request(self._engine, request)
+    try:  # on a worker thread: tokenizing one prompt never holds up the other clients' requests
+      await asyncio.to_thread(check_request, self._engine, request)
     except InvalidRequest as e:
       await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
     async for response in self._orchestrator.Decode(request, context):

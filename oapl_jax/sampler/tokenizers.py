@@ -5,6 +5,7 @@ report NO_BOS (-1) and SamplerEngine.prefill drops a leading NO_BOS: the model n
 `prompt_ids(text)` gives the ids the model will see for a text request (so oapl-serve can check a
 request before it reaches JetStream's threads).
 """
+import functools
 import threading
 from typing import Iterable, Optional
 
@@ -70,6 +71,14 @@ class HFTokenizer(tokenizer_api.Tokenizer):
     self._lock = threading.Lock()
     eos = hf_tokenizer.eos_token_id
     self._stop = set(int(t) for t in stop_tokens) if stop_tokens is not None else ({eos} if eos is not None else set())
+
+  @functools.cached_property
+  def max_token_bytes(self) -> int:
+    """The most UTF-8 bytes one token of the vocabulary stands for (added tokens included): a text of more than
+    n times this has more than n tokens, so a prompt that long is refused before it is tokenized."""
+    with self._lock:
+      pieces = self.hf.batch_decode([[i] for i in range(len(self.hf))])
+    return max(1, max(len(p.encode("utf-8")) for p in pieces))
 
   def prompt_ids(self, s: str) -> list[int]:
     """What a fresh text request puts before the model: its tokens after the BOS, if there is one. ValueError
