@@ -43,16 +43,22 @@ def unshared_reason(config, points: Sequence[dict]) -> str:
   return ""
 
 
-# fields of those sections that do not change the warm start made (a warning's threshold): left out of its record
-NOT_MADE_FROM = (("warmstart", "memorised_nll"),)
+# fields added to those sections since warm starts were first recorded that do not change the warm start made (a
+# warning's threshold, how rewards are batched): left out of its record at any depth, so the warm starts made
+# before them are still found
+NOT_MADE_FROM = {"warmstart": ("memorised_nll",), "task": ("reward_batch",)}
+
+
+def _without(value, names):
+  if isinstance(value, dict):
+    return {k: _without(v, names) for k, v in value.items() if k not in names}
+  return value
 
 
 def fields(config) -> dict:
   """The config fields a warm start is made from, as JSON values (what RECORD compares)."""
-  made_from = {name: config[name].to_dict() for name in SECTIONS} | {"seed": config.seed}
-  for section, name in NOT_MADE_FROM:
-    made_from[section].pop(name, None)
-  return json.loads(json.dumps(made_from, sort_keys=True, default=repr))
+  made_from = {name: _without(config[name].to_dict(), NOT_MADE_FROM.get(name, ())) for name in SECTIONS}
+  return json.loads(json.dumps(made_from | {"seed": config.seed}, sort_keys=True, default=repr))
 
 
 def command(config_spec: str, workdir: str, extra: Sequence[str]) -> list[str]:

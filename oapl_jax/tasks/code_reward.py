@@ -6,8 +6,9 @@
     reward(records, responses) -> RewardResult; reward.close()
 
 The code is the last ``` fenced block (any language tag, or none) of the whole response; no block
-scores 0. All of a program's tests run in ONE sandboxed child (`sandbox.py`): a harness there (`code_harness.py`)
-compiles the code once and forks a fresh process per test, with the test's stdin as fd 0, a
+scores 0. All of a program's tests run in ONE sandboxed child (`sandbox.py`; with CodeReward's batch_size,
+several programs' one after another, each in a fresh interpreter: code_batch.py): a harness there
+(`code_harness.py`) compiles the code once and forks a fresh process per test, with the test's stdin as fd 0, a
 per-test wall limit (`timeout_s`) and CPU limit, killing everything the test left behind. The
 program runs unbuffered (as `python -u`, or a terminal), so what it printed before os._exit or a
 crash is kept. The sandbox gets the code and the inputs only: nothing derived from the expected
@@ -57,11 +58,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from oapl_jax.tasks import base, code_harness, output_match, sandbox, sandbox_pool
+from oapl_jax.tasks import base, code_batch, output_match, sandbox, sandbox_pool
 from oapl_jax.tasks.output_match import returned_matches, stdout_matches
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
-_HARNESS_START_S = 5.0  # harness start-up and prelude imports, on top of the tests' own time
 
 
 def extract_code(response: str) -> str | None:
@@ -170,31 +170,29 @@ class Settings:
       raise ValueError(f"settings must be positive: {self}")
 
 
-def _job(record: Mapping | str, response: str, settings: Settings) -> tuple[TestSuite, sandbox.Job | None]:
-  """The record's tests and the sandbox job that runs the response's code on them (None: no code).
-  The job is made of the code, the inputs and `settings` only: records that differ only in their
-  expected outputs give the same job (tests/tasks_code_reward_test.py checks this)."""
+def _program(record: Mapping | str, response: str, settings: Settings) -> tuple[TestSuite, code_batch.Program | None]:
+  """The record's tests and the response's code on their inputs, as a job's program (None: no code). The program
+  is made of the code and the inputs only: records that differ only in their expected outputs give the same one."""
   record = json.loads(record) if isinstance(record, str) else record
   suite = parse_tests(record, settings.max_tests)
   code = extract_code(response)
   if code is None:
     return suite, None
-  stdin = marshal.dumps(dict(code=code, fn_name=suite.fn_name, inputs=list(suite.inputs),
-                             output_bytes=settings.output_bytes, timeout_s=settings.timeout_s,
-                             stop_on_failure=not settings.partial_credit))
-  n = len(suite.inputs)
-  biggest = max(max(len(str(i).encode()) for i in suite.inputs), settings.output_bytes + 1)  # a file it writes
-  stdout_bytes = min(settings.total_output_bytes, n * (settings.output_bytes + 64)) + 4096
-  limits = sandbox.Limits(wall_s=n * (settings.timeout_s + 0.5) + _HARNESS_START_S,
-                          memory_bytes=settings.memory_bytes, stdout_bytes=stdout_bytes,
-                          max_file_bytes=max(16 << 20, 2 * biggest), workdir_bytes=max(64 << 20, 4 * biggest))
-  return suite, sandbox.Job(code_harness.HARNESS_SOURCE, stdin, limits)
+  entry = marshal.dumps(dict(code=code, fn_name=suite.fn_name, inputs=list(suite.inputs)))
+  return suite, code_batch.Program(entry, len(suite.inputs), max(len(str(i).encode()) for i in suite.inputs))
 
 
-def _cache_key(suite: TestSuite, job: sandbox.Job) -> bytes:
-  """What decides a clean run's reward: the job (code, inputs, settings) and the expected outputs."""
-  digest = hashlib.blake2b(job.stdin, digest_size=16)
-  digest.update(repr((suite.outputs, suite.unwrap_single)).encode())
+def _job(record: Mapping | str, response: str, settings: Settings) -> tuple[TestSuite, sandbox.Job | None]:
+  """The record's tests and the sandbox job that runs the response's code on them alone (None: no code). The job
+  is made of the code, the inputs and `settings` only (tests/tasks_code_reward_test.py checks this)."""
+  suite, program = _program(record, response, settings)
+  return suite, None if program is None else code_batch.job([program], settings)
+
+
+def _cache_key(suite: TestSuite, program: code_batch.Program, settings: Settings) -> bytes:
+  """What decides a clean run's reward: the program (code, inputs), the settings and the expected outputs."""
+  digest = hashlib.blake2b(program.entry, digest_size=16)
+  digest.update(repr((settings, suite.outputs, suite.unwrap_single)).encode())
   return digest.digest()
 
 
@@ -224,15 +222,22 @@ class GraderHead:
   """Keeps of the harness's record stream (see _parse_records), chunk by chunk as it arrives, each test's
   header and the first caps[i] bytes of its payload (none of a test that did not pass: the grader reads
   no more), the header then giving the length kept. After a record the harness did not write nothing is
-  kept (the grader stops there). What it drops is counted in `cut`."""
+  kept (the grader stops there: `broken`). What it drops is counted in `cut`. separated: one program of a
+  batch (code_batch.BatchHead), whose records end at code_batch.SEPARATOR (then `ended`)."""
 
-  def __init__(self, caps: Sequence[int]):
-    self.caps, self.cut = list(caps), OutputsCut()
-    self._header, self._index, self._left, self._keep, self._broken = bytearray(), 0, 0, 0, False
+  def __init__(self, caps: Sequence[int], separated: bool = False):
+    self.caps, self.cut, self.separated, self.ended, self.broken = list(caps), OutputsCut(), separated, False, False
+    self._header, self._index, self._left, self._keep = bytearray(), 0, 0, 0
 
   def __call__(self, chunk: bytes) -> bytes:
+    kept, rest = self.feed(chunk)
+    self.cut.bytes += len(rest)  # past a broken record
+    return kept
+
+  def feed(self, chunk: bytes | memoryview) -> tuple[bytes, memoryview]:
+    """(what it keeps of chunk, what follows its records' end: a separator, or a record the harness did not write)."""
     kept, view = bytearray(), memoryview(chunk)
-    while view and not self._broken:
+    while view and not self.broken and not self.ended:
       if self._left:  # inside a payload
         n = min(len(view), self._left)
         k = min(n, self._keep)
@@ -248,16 +253,18 @@ class GraderHead:
       self._header += view[:take]
       view = view[take:]
       kept += self._start_record()
-    self.cut.bytes += len(view)  # past a broken record
-    return bytes(kept)
+    return bytes(kept), view
 
   def _start_record(self) -> bytes:
     """The header just read, with the length to be kept; sets what to keep of its payload."""
     header, self._header = bytes(self._header), bytearray()
+    if self.separated and header == code_batch.SEPARATOR:
+      self.ended = True
+      return b""
     fields = header.split()
     if (len(fields) != 4 or fields[0] != b"%d" % self._index or not fields[3].isdigit()
         or self._index >= len(self.caps) or not header.endswith(b"\n")):
-      self._broken = True
+      self.broken = True
       self.cut.bytes += len(header)
       return b""
     self._left = int(fields[3])
@@ -276,10 +283,15 @@ def output_caps(suite: TestSuite) -> list[int]:
 
 
 def grade(suite: TestSuite, result: sandbox.RunResult, partial_credit: bool) -> tuple[float, bool]:
-  """(reward, whether a test or the run timed out) from the harness's run; the work is bounded by the
+  """(reward, whether a test or the run timed out) from the harness's run of one program."""
+  return grade_records(suite, result.stdout, result.reason == "timeout", partial_credit)
+
+
+def grade_records(suite: TestSuite, records: bytes, timed_out: bool, partial_credit: bool) -> tuple[float, bool]:
+  """(reward, whether a test timed out or `timed_out`) from one program's records; the work is bounded by the
   expected outputs' sizes (stdout_matches, returned_matches), however much the program printed."""
-  passed, timed_out = 0, result.reason == "timeout"
-  for (status, payload), expected in zip(_parse_records(result.stdout), suite.outputs):
+  passed = 0
+  for (status, payload), expected in zip(_parse_records(records), suite.outputs):
     timed_out |= status == "timeout"
     if status != "ok":
       continue
@@ -309,8 +321,15 @@ class CodeReward:
 
   num_failed counts records without usable tests and runs the sandbox could not start;
   num_timeout counts programs with a test (or the whole run) out of time. stats(): the pool's
-  throughput, for the trainer's log; cut: the test outputs the sandbox handed back cut to what the
-  grader reads (output_caps), over all calls.
+  throughput (sandbox runs, each of up to batch_size programs), for the trainer's log; cut: the test
+  outputs the sandbox handed back cut to what the grader reads (output_caps), over all calls.
+
+  batch_size > 1 hands up to that many programs of a call to one sandbox run (namespace isolation only; in
+  fallback mode every program runs alone), which saves most of a run's start-up per program; a call's programs
+  are split evenly into batches, at least one per worker. The harness
+  runs them one after another, each in a fresh interpreter, every process of the one before killed and /work
+  emptied before the next starts; a program's rewards are the same as alone, and one that kills the harness
+  or uses up the run's wall time makes the rest run again (code_batch.py). Default 1: a run per program.
 
   cache_size > 0 keeps the reward of up to that many (code, tests) pairs, least recently used out first: a
   program met again (a policy that has converged writes the same few programs for a prompt) is not run again.
@@ -322,11 +341,13 @@ class CodeReward:
   def __init__(self, num_workers: int = 2, timeout_s: float = 6.0, partial_credit: bool = False,
                max_tests: int | None = None, memory_bytes: int = 1 << 30, output_bytes: int = 32 << 20,
                total_output_bytes: int = 256 << 20, config: sandbox.SandboxConfig = sandbox.SandboxConfig(),
-               cache_size: int = 0):
-    if cache_size < 0:
-      raise ValueError(f"cache_size must be >= 0, got {cache_size}")
+               cache_size: int = 0, batch_size: int = 1):
+    if cache_size < 0 or batch_size < 1:
+      raise ValueError(f"need cache_size >= 0 and batch_size >= 1, got {cache_size}, {batch_size}")
     self.settings = Settings(timeout_s, partial_credit, max_tests, memory_bytes, output_bytes, total_output_bytes)
     self.pool = sandbox_pool.SandboxPool(num_workers, config=config)
+    self.batch_size = batch_size if self.pool.isolation == "namespaces" else 1
+    self.num_workers = num_workers
     self.cut = OutputsCut()  # test outputs cut to what the grader reads, over all calls
     self.cache_size, self.cache_hits = cache_size, 0
     self._cache: collections.OrderedDict[bytes, float] = collections.OrderedDict()
@@ -336,36 +357,59 @@ class CodeReward:
       raise ValueError(f"{len(records)} records but {len(responses)} responses")
     rewards = np.zeros(len(records), np.float32)
     failed = timeouts = 0
-    pending: dict[cf.Future, tuple[int, TestSuite, GraderHead, bytes]] = {}
+    items = []  # (row, suite, program, cache key) to run
     for i, (record, response) in enumerate(zip(records, responses)):
       try:
-        suite, job = _job(record, response, self.settings)
+        suite, program = _program(record, response, self.settings)
       except (ValueError, KeyError, TypeError, AttributeError, zlib.error, pickle.UnpicklingError) as e:
         sandbox.log.warning("code reward: record %d has no usable tests: %r", i, e)
         failed += 1
         continue
-      if job is None:
+      if program is None:
         continue
-      key = _cache_key(suite, job) if self.cache_size else b""
+      key = _cache_key(suite, program, self.settings) if self.cache_size else b""
       if key in self._cache:
         self._cache.move_to_end(key)
         rewards[i] = self._cache[key]
         self.cache_hits += 1
         continue
-      head = GraderHead(output_caps(suite))
-      pending[self.pool.submit(job.source, job.stdin, job.limits, keep_stdout=head)] = (i, suite, head, key)
-    for future in cf.as_completed(list(pending)):  # graded as each run ends, its output then dropped
-      (i, suite, head, key), result = pending.pop(future), future.result()
-      self.cut.tests += head.cut.tests
-      self.cut.bytes += head.cut.bytes
-      failed += result.reason == "sandbox_error"
-      rewards[i], timed_out = grade(suite, result, self.settings.partial_credit)
-      timeouts += timed_out
-      if self.cache_size and not timed_out and result.reason != "sandbox_error":
-        self._cache[key] = float(rewards[i])
-        if len(self._cache) > self.cache_size:
-          self._cache.popitem(last=False)
+      items.append((i, suite, program, key))
+    pending: dict[cf.Future, tuple[list, GraderHead | code_batch.BatchHead]] = {}
+    groups = max(min(self.num_workers, len(items)), -(-len(items) // self.batch_size))  # even, every worker busy
+    for k in range(groups):
+      self._submit(items[k * len(items) // groups:(k + 1) * len(items) // groups], pending)
+    while pending:
+      done = cf.wait(pending, return_when=cf.FIRST_COMPLETED).done
+      while done:  # graded as each run ends, its output then dropped
+        future = done.pop()
+        (group, head), result = pending.pop(future), future.result()
+        if len(group) == 1:
+          graded = [(group[0], head, *grade(group[0][1], result, self.settings.partial_credit))]
+          failed += result.reason == "sandbox_error"
+        else:
+          finished = head.done(result)
+          graded = [(item, sub, *grade_records(item[1], bytes(kept), False, self.settings.partial_credit))
+                    for item, sub, kept in zip(group[:finished], head.heads, head.kept)]
+          for rest in (group[finished:finished + 1], group[finished + 1:]):  # the first alone, the others again
+            if rest:
+              self._submit(rest, pending)
+        for (i, _, _, key), sub, reward, timed_out in graded:
+          rewards[i] = reward
+          self.cut.tests += sub.cut.tests
+          self.cut.bytes += sub.cut.bytes
+          timeouts += timed_out
+          if self.cache_size and not timed_out and result.reason != "sandbox_error":
+            self._cache[key] = float(rewards[i])
+            if len(self._cache) > self.cache_size:
+              self._cache.popitem(last=False)
     return base.RewardResult(rewards, num_failed=failed, num_timeout=timeouts)
+
+  def _submit(self, group: list, pending: dict) -> None:
+    """Runs a group of (row, suite, program, key) in one sandbox run: alone as before batches, or as a batch."""
+    heads = [GraderHead(output_caps(suite), separated=k < len(group) - 1) for k, (_, suite, _, _) in enumerate(group)]
+    head = heads[0] if len(group) == 1 else code_batch.BatchHead(heads)
+    job = code_batch.job([program for _, _, program, _ in group], self.settings)
+    pending[self.pool.submit(job.source, job.stdin, job.limits, keep_stdout=head)] = (group, head)
 
   def stats(self) -> sandbox_pool.PoolStats:
     return self.pool.stats()

@@ -103,10 +103,10 @@ class ExecutedCodeReward:
   """
 
   def __init__(self, num_workers: int = 2, timeout_s: float = 2.0, eos: str | None = None,
-               max_tests: int | None = None, cache_size: int = 0):
+               max_tests: int | None = None, cache_size: int = 0, batch_size: int = 1):
     self.eos = eos
     self.code = code_reward.CodeReward(num_workers=num_workers, timeout_s=timeout_s, max_tests=max_tests,
-                                       cache_size=cache_size)
+                                       cache_size=cache_size, batch_size=batch_size)
 
   def __call__(self, completions: list[str], answers: list[str]) -> base.RewardResult:
     items: dict[tuple[str, str], list[int]] = {}
@@ -130,13 +130,15 @@ class ExecutedCodeReward:
 
 def make_task(num_train: int = 96, num_held_out: int = 32, *, seed: int = 0, num_digits: int = 1,
               held_out_fraction: float = 0.25, teacher_slip_rate: float = 0.0, teacher_copies: int = 1,
-              reward_workers: int = 2, reward_timeout_s: float = 2.0, reward_cache: int = 0) -> base.Task:
+              reward_workers: int = 2, reward_timeout_s: float = 2.0, reward_cache: int = 0,
+              reward_batch: int = 8) -> base.Task:
   """Train problems, one eval set 'held_out', the sandboxed reward, and the slipping teacher's demonstrations."""
   tokenizer = CodeCharTokenizer()
   kw = dict(seed=seed, num_digits=num_digits, held_out_fraction=held_out_fraction, tokenizer=tokenizer)
   train = make_problems(num_train, "train", **kw)
   held_out = make_problems(num_held_out, "held_out", **kw)
-  reward = rewards.Guarded(ExecutedCodeReward(reward_workers, reward_timeout_s, eos=EOS, cache_size=reward_cache))
+  reward = rewards.Guarded(ExecutedCodeReward(reward_workers, reward_timeout_s, eos=EOS, cache_size=reward_cache,
+                                              batch_size=reward_batch))
   return base.Task(
       name="code_synthetic", tokenizer=tokenizer, train=train, eval_sets={"held_out": held_out}, reward_fn=reward,
       demonstrations=lambda demo_seed: sft_examples(train, tokenizer, slip_rate=teacher_slip_rate, seed=demo_seed,
@@ -157,6 +159,7 @@ class CodeSyntheticSettings:
   reward_workers: int = sections.rule(2, low=1)  # sandbox processes grading programs
   reward_timeout_s: float = sections.rule(2.0, low=0, low_open=True)  # a program's time limit (past it: reward 0)
   reward_cache: int = sections.rule(0, low=0)  # programs whose reward is kept (code_reward.CodeReward.cache_size)
+  reward_batch: int = sections.rule(8, low=1)  # programs per sandbox run (code_reward.CodeReward.batch_size)
   seed: int = sections.rule(0, low=0)  # the problems' draw
 
   def __post_init__(self):
@@ -167,7 +170,7 @@ def from_config(cfg: CodeSyntheticSettings) -> base.Task:
   return make_task(cfg.num_train, cfg.num_held_out, seed=cfg.seed, num_digits=cfg.num_digits,
                    held_out_fraction=cfg.held_out_fraction, teacher_slip_rate=cfg.teacher_slip_rate,
                    teacher_copies=cfg.teacher_copies, reward_workers=cfg.reward_workers,
-                   reward_timeout_s=cfg.reward_timeout_s, reward_cache=cfg.reward_cache)
+                   reward_timeout_s=cfg.reward_timeout_s, reward_cache=cfg.reward_cache, reward_batch=cfg.reward_batch)
 
 
 # ---- DeepCoder / LiveCodeBench records ----
