@@ -275,7 +275,7 @@ class Runner:
       s.stopped = "--stage tuning: the warm start, the pilot and the tuning grid, nothing more"
       return s
     self.main("main", ("claim", "baseline"))
-    if self.study.secondary and self.stage == "all":
+    if self.study.secondary and not self.study.claim1_only and self.stage == "all":
       self.tune("secondary tuning", plan.SECONDARY_LOSSES)
       self.main("secondary", ("secondary",))
       self.main("beta1 probe", ("probe",))

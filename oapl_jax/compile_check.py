@@ -137,6 +137,10 @@ def _quiet_libtpu(topology: Topology) -> None:
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(topology))
 
 
+class LibtpuMissing(RuntimeError):
+  """The compile check runs where libtpu is not installed (the package without its compile-check extra)."""
+
+
 def topology_devices(topology: Topology) -> list:
   """Compile-only devices of the slice(s), from libtpu (no TPU needed)."""
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # do not fight other JAX processes for the lock
@@ -149,9 +153,11 @@ def topology_devices(topology: Topology) -> list:
                                         chip_config_name=topology.chip.chip_config,
                                         chips_per_host_bounds=host_bounds, num_slices=topology.num_slices)
   except Exception as e:  # noqa: BLE001 - libtpu missing or refusing the shape: say which
+    if not importlib.util.find_spec("libtpu"):
+      raise LibtpuMissing(f"the compile check needs libtpu to describe {topology.name} (no TPU is used): install "
+                          "the compile-check extra, pip install -e '.[compile-check]' (make install has it)") from e
     raise RuntimeError(f"libtpu could not describe {topology.name} ({topology.chip.libtpu_name}:{topology.shape}, "
-                       f"{topology.num_slices} slice(s)): {e}" + ("" if importlib.util.find_spec("libtpu") else
-                       ". Install it with: pip install 'libtpu==0.0.42.*'")) from e
+                       f"{topology.num_slices} slice(s)): {e}") from e
   return list(desc.devices)
 
 

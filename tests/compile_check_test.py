@@ -196,6 +196,23 @@ def test_the_json_holds_each_finished_program_as_it_goes(tmp_path, monkeypatch):
   assert os.listdir(tmp_path) == ["fit.json"]
 
 
+def test_without_libtpu_the_check_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
+  """The package alone (make demo's install) has no libtpu: before, a traceback ending in JAX's RuntimeError."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else find_spec(name, *a))
+
+  def no_tpu(*args, **kwargs):
+    raise RuntimeError("JAX TPU support not installed; cannot generate TPU topology.")
+  monkeypatch.setattr(topologies, "get_topology_desc", no_tpu)
+  monkeypatch.setattr(cc, "compile_memory", lambda *a, **k: pytest.fail("compiled without libtpu"))
+  assert app.main(_cli(tmp_path / "fit.json")) == 2
+  err = capsys.readouterr().err.strip().splitlines()  # the plan's header line, then the error
+  assert err[1:] == ["error: the compile check needs libtpu to describe v5e-8 (no TPU is used): install the compile-check "
+                 "extra, pip install -e '.[compile-check]' (make install has it)"]
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_before_the_next_program_with_one_line(tmp_path, monkeypatch, capsys, sig, code):
   """The signal arrives while the first program compiles (a fake that sends it): that program finishes and is in

@@ -110,3 +110,5 @@ def test_shards_run_each_cell_once_extend_past_the_edge_and_agree(tmp_path, monk
   # the mean over seeds decides: seed 1001 is 0.001 higher everywhere, so each point's mean is the fake AUC + 0.0005
   cell = plan.tuning_cells(runners[0].study, "oapl", [(BEST_LR, 0.15)])[0]
   assert a.tuning["oapl"][(BEST_LR, 0.15)] == pytest.approx(_fake_auc(cell) + 0.0005)
+  collected = claims.Runner(study, str(tmp_path), collect=True)  # every stage, reading only: no secondary losses
+  assert collected.study_all().chosen == a.chosen and len(calls) == len(set(calls))

@@ -109,6 +109,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       hbm_bytes=int(args.hbm_gib * GIB) if args.hbm_gib else None, programs=programs,
                       num_layers=args.num_layers, host_bytes_per_s=args.host_gbps * 1e9 or None, stop=stop,
                       on_program=save)
+  except cc.LibtpuMissing as e:  # the package without its compile-check extra: one line, before any compile
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   finally:
     stop.uninstall()
   left = [name for name in cc.PROGRAMS if name in programs and name not in report.programs]
