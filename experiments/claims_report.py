@@ -135,7 +135,12 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
     lines.append(f"\n**Grid not finished** for {', '.join(partial)}: the point marked chosen is the best of the "
                  "points that ran (interim; the rule picks among all of them).")
   if unrun:
-    lines.append(f"\nNot run: {', '.join(f'{loss} ({len(study.grid(loss))} points)' for loss in unrun)}.")
+    done = []
+    for loss in unrun:
+      cells = plan.tuning_cells(study, loss)
+      ran = sum(results.is_done(os.path.join(runs_dir, c.name)) for c in cells)
+      done.append(f"{loss} ({len(study.grid(loss))} points, {ran} of {len(cells)} runs done)")
+    lines.append(f"\nNo point finished on every tuning seed yet: {', '.join(done)}.")
   for loss, added in state.extended.items():
     lines.append(f"\n{loss}: the winner sat at an edge; added {', '.join(map(str, added))}.")
   edges = [loss for loss, scores in state.tuning.items() if loss in state.chosen and tuning.extension(
