@@ -198,10 +198,7 @@ class Runner:
   def scores(self, stage: str, loss: str, settings: list[plan.Setting]) -> dict:
     """setting -> its validation AUC, the mean over the tuning seeds (None until every seed's run finished)."""
     cells = plan.tuning_cells(self.study, loss, settings)
-    aucs: dict = {}
-    for cell, result in zip(cells, self.run_all(stage, cells)):
-      aucs.setdefault(cell.setting, []).append(tuning.auc(result.curve()) if result is not None else None)
-    return {s: None if None in v else sum(v) / len(v) for s, v in aucs.items()}
+    return tuning.mean_auc_by_setting(zip(cells, self.run_all(stage, cells)))
 
   def tune(self, stage: str, losses: tuple[str, ...]) -> None:
     """Every point of each loss's grid on the tuning seeds; the largest mean AUC wins (tuning.choose); a winner at

@@ -22,11 +22,8 @@ from experiments import claims, paired_stats, plan, results, tuning
 
 def scores(runner: claims.Runner, loss: str, settings) -> dict:
   """setting -> validation AUC, the mean over the tuning seeds (None: not every seed's run finished)."""
-  aucs: dict = {}
-  for cell in plan.tuning_cells(runner.study, loss, settings):
-    r = results.load(runner.runs_dir, cell)
-    aucs.setdefault(cell.setting, []).append(tuning.auc(r.curve()) if r is not None else None)
-  return {s: None if None in v else sum(v) / len(v) for s, v in aucs.items()}
+  cells = plan.tuning_cells(runner.study, loss, settings)
+  return tuning.mean_auc_by_setting((cell, results.load(runner.runs_dir, cell)) for cell in cells)
 
 
 def main(argv=None) -> int:

@@ -36,6 +36,15 @@ def auc(curve: Curve) -> float:
   return area / float(steps[-1] - steps[0])
 
 
+def mean_auc_by_setting(runs) -> dict:
+  """(cell, its result or None) pairs of a loss's tuning cells -> setting: its validation AUC, the mean over the
+  tuning seeds (None until every seed's run finished)."""
+  aucs: dict = {}
+  for cell, result in runs:
+    aucs.setdefault(cell.setting, []).append(auc(result.curve()) if result is not None else None)
+  return {s: None if None in v else sum(v) / len(v) for s, v in aucs.items()}
+
+
 def choose(scores: Mapping):
   """The setting ((lr, knob) or lr) with the largest AUC; ties go to the smaller setting (the smaller lr first)."""
   if not scores:

@@ -349,10 +349,11 @@ def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
       run.sampler.refresh(run.policy_params(run.state))
   # the snapshot whose rollouts the last steps trained on, as the checkpoint (and an export's info) records it: the
   # refresh above makes one more, for the final eval only
+  logged = run.reporter.history()  # metrics.jsonl, read once
   summary: dict[str, Any] = {"finished": finished, "trainer_steps": done_steps, "syncs": run.meta.syncs_done,
                              "snapshot_version": run.meta.snapshot_version, **run.monitor.summary(),
-                             "reward_failures": _reward_failures(run.reporter.history()),
-                             **monitors.run_notes(run.reporter.history(), done_steps, run.monitor.config)}
+                             "reward_failures": _reward_failures(logged),
+                             **monitors.run_notes(logged, done_steps, run.monitor.config)}
   evaluated = False
   if finished and not stop.vote()():  # the same answer on every process
     try:
