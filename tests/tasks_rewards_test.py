@@ -176,13 +176,15 @@ def test_the_probe_reports_a_reward_that_hangs_in_one_line(hanging_reward, tmp_p
 HOSTILE_REWARDS = """
 import os, sys, time
 def daemon(record, response):
-  if os.fork() == 0:  # a verifier that daemonises: double fork, its own session, sleeping
+  middle = os.fork()
+  if middle == 0:  # a verifier that daemonises: double fork, its own session, sleeping
     if os.fork() == 0:
       os.setsid()
       with open(record["pids"], "a") as f:
         f.write(f"{os.getpid()}\\n")
       time.sleep(300)
     os._exit(0)
+  os.waitpid(middle, 0)  # as a daemonising parent does: only the daemon is left
   while len(open(record["pids"]).read().split()) < record["count"]:
     time.sleep(0.01)
   if response == "hang":

@@ -110,7 +110,8 @@ def _signal(pids, sig) -> None:
 def kill_tree(root: int, include_root: bool = True, limit_s: float = 2.0) -> int:
   """SIGSTOPs root's descendants (and root) until no new one appears, so none can fork, then SIGKILLs them
   all; again until none is left (up to limit_s). Returns how many were killed, root not counted. Only
-  root itself reaps (waitpid(-1) in the trainer would take its other children's exit codes)."""
+  root itself reaps (waitpid(-1) in the trainer would take its other children's exit codes). On return the
+  killed processes are gone or zombies, not merely signalled (a loaded host can take a while to deliver)."""
   deadline, killed = time.monotonic() + limit_s, set()
   while True:
     frozen = {root} if include_root else set()
@@ -123,7 +124,14 @@ def kill_tree(root: int, include_root: bool = True, limit_s: float = 2.0) -> int
     if root == os.getpid():
       _reap()
     if not descendants(root) or time.monotonic() > deadline:
+      _wait_dead(killed | ({root} if include_root else set()), time.monotonic() + limit_s)
       return len(killed)
+    time.sleep(0.005)
+
+
+def _wait_dead(pids: set[int], deadline: float) -> None:
+  """Until every pid is gone or a zombie (SIGKILL is delivered asynchronously), or the deadline."""
+  while any(_state(p)[0] not in ("", "Z", "X") for p in pids) and time.monotonic() < deadline:
     time.sleep(0.005)
 
 
