@@ -149,7 +149,7 @@ def attention(args):
 def decode_floor_seconds(config, rows: int, context: float, peak: dict) -> float:
   """The least time of one bf16 decode step of `rows` rows attending over `context` positions: every matmul weight
   and each row's KV cache read once at peak["bandwidth"], or 2 FLOPs per weight per row at peak["matmul"]."""
-  from oapl_jax import compile_check
+  from oapl_jax.run import compile_check
   weights = compile_check.train_flops(config, 1, 1)["matmul_weights"]
   kv_bytes_per_row = BF16 * 2 * config.num_layers * config.num_kv_heads * config.head_dim * context
   return max((BF16 * weights + rows * kv_bytes_per_row) / peak["bandwidth"], 2 * weights * rows / peak["matmul"])
@@ -202,7 +202,7 @@ def train(args, peak):
   import torch
   import transformers
   from benchmarks import train_bench
-  from oapl_jax import compile_check
+  from oapl_jax.run import compile_check
   print(f"train step: {args.width}, {args.tokens} positions a step, bf16 compute over float32 master weights")
   print(f"{'T':>6} {'seqs':>4} {'ours ms':>8} {'torch ms':>8} {'ratio':>6} {'ours MFU':>8} {'torch MFU':>9} "
         f"{'ours MFU sheet':>14} {'torch MFU sheet':>15} {'loss ours':>10} {'loss torch':>10}")

@@ -50,9 +50,9 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
 
 def prepare(workdir: str) -> tuple[str, str]:
   """(the warm start's HF directory with tokenizer.json, data.json for the Tunix worker), made once."""
-  from oapl_jax.apps import sweep_warmstart
-  sweep_warmstart.ensure(CONFIG, workdir, [])
-  warm, data = sweep_warmstart.directory(workdir), os.path.join(workdir, "data.json")
+  from oapl_jax.run import shared_warmstart
+  shared_warmstart.ensure(CONFIG, workdir, [])
+  warm, data = shared_warmstart.directory(workdir), os.path.join(workdir, "data.json")
   if not os.path.exists(data):
     from oapl_jax.run import assemble, export, files, schema
     rc = schema.from_config(files.load(CONFIG, []))

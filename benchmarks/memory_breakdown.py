@@ -156,7 +156,7 @@ def dumped_modules(dump_dir: str) -> list:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  from oapl_jax import compile_check as cc  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import compile_check as cc  # pylint: disable=import-outside-toplevel
   from oapl_jax.apps import compile_check as app  # pylint: disable=import-outside-toplevel
   from oapl_jax.apps import cli  # pylint: disable=import-outside-toplevel
   p = cli.parser("python -m benchmarks.memory_breakdown", __doc__)

@@ -17,7 +17,7 @@ import sys
 import time
 
 from configs import math as math_config
-from oapl_jax import compile_check
+from oapl_jax.run import compile_check
 
 GIB = 1024 ** 3
 

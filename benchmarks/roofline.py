@@ -29,7 +29,7 @@ def read_gbps(megabytes: int = 1024, repeats: int = 5) -> float:
 
 def decode_bytes(config, batch: int, context: float, weight_bytes: int = 4, cache_bytes: int = 4) -> float:
   """Bytes a decode step reads: matmul weights once, the KV cache of `batch` rows at `context` positions."""
-  from oapl_jax import compile_check  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import compile_check  # pylint: disable=import-outside-toplevel
   weights = compile_check.train_flops(config, 1, 1)["matmul_weights"]
   cache = batch * config.num_layers * 2 * config.num_kv_heads * config.head_dim * context
   return weights * weight_bytes + cache * cache_bytes

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from benchmarks import ceiling, matmul_floor, random_models
-from oapl_jax import compile_check
+from oapl_jax.run import compile_check
 from oapl_jax.models import api, hf
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings

@@ -266,7 +266,7 @@ def main():
           f"faster library per shape): {np.median(floor_times) * 1e3:.1f} ms; jax step = {ours_over:.2f} x floor; "
           f"reachable <= {reachable:.2f}x torch")
   from benchmarks import ceiling  # local: tests import make_batch from here, and these imports take seconds
-  from oapl_jax import compile_check
+  from oapl_jax.run import compile_check
   from oapl_jax.models import vocab_logprobs
   vocab_tokens = vocab_logprobs.projected_tokens(  # one device: one row shard
       response_tokens, tokens, model_config.logprob_chunk_tokens, model_config.logprob_tail_levels)

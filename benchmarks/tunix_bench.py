@@ -210,7 +210,7 @@ def main(argv=None):
     return print(f"Tunix venv ready: {pythons['tunix']}")
 
   from benchmarks import ceiling, roofline, sampler_bench
-  from oapl_jax import compile_check
+  from oapl_jax.run import compile_check
   from oapl_jax.models import hf
   hf_cfg = hf_config(args.width, args.layers)
   args.vocab = hf_cfg.vocab_size

@@ -91,11 +91,11 @@ def warm_start(study: plan.Study, directory: str) -> dict:
   if done is not None:
     return done
   from oapl_jax import evaluation  # pylint: disable=import-outside-toplevel
-  from oapl_jax.apps import sweep_warmstart  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import shared_warmstart  # pylint: disable=import-outside-toplevel
   from oapl_jax.run import assemble, files, schema  # pylint: disable=import-outside-toplevel
   start = time.time()
   extra = [f"--config.{k}={v}" for k, v in study.shared]
-  record = sweep_warmstart.ensure(study.config, os.path.dirname(directory), extra)
+  record = shared_warmstart.ensure(study.config, os.path.dirname(directory), extra)
   cfg = files.load(study.config, {**dict(study.shared), "model.checkpoint": os.path.abspath(directory),
                                   "warmstart.steps": 0})
   rc = schema.from_config(cfg)

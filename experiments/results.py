@@ -10,7 +10,7 @@ from typing import Any, Optional
 import numpy as np
 
 from experiments import plan
-from oapl_jax.apps.sweep import read_history  # a run's metrics.jsonl, as the sweep reads it
+from oapl_jax.run.sweep import read_history  # a run's metrics.jsonl, as the sweep reads it
 
 FINAL_EVAL = "final_eval.json"
 PREFIX = "policy_eval/"

@@ -121,7 +121,7 @@ step "$(words cd "$REPO")"
 if [[ -n $TPU_TYPE ]]; then
   step "$(words "$PYTHON" -m oapl_jax.apps.compile_check --config "$CONFIG" --topology "$TOPOLOGY" "${OVERRIDES[@]}")"
 else
-  note "no compile check: oapl_jax.compile_check compiles for TPU topologies, and --device-type $DEVICE_TYPE is a GPU"
+  note "no compile check: oapl_jax.apps.compile_check compiles for TPU topologies, and --device-type $DEVICE_TYPE is a GPU"
 fi
 # 2. The commit to ship, as a clean directory.
 step "$(words rm -rf "$SCRIPT_DIR") && $(words mkdir -p "$SCRIPT_DIR") && $(words git archive "$COMMIT") | $(words \

@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from configs import arithmetic, code, math as math_config
-from oapl_jax import compile_check as cc, sections
+from oapl_jax import sections
+from oapl_jax.run import compile_check as cc
 from oapl_jax.models import vocab_logprobs
 from oapl_jax.apps import compile_check as app
 from oapl_jax.run import assemble, schema

@@ -161,7 +161,8 @@ def _params(directory):
 
 
 def test_the_warm_start_rebuilds_bit_identically(tmp_path):
-  """apps/sweep_warmstart.build twice from the same config and seed, into two directories: equal bytes."""
+  """run/shared_warmstart.build (the command apps/sweep_warmstart) twice from the same config and seed, into two
+  directories: equal bytes."""
   for d in ("a", "b"):
     proc = subprocess.run([sys.executable, "-m", "oapl_jax.apps.sweep_warmstart",
                            "--config=experiments/task_config.py:configs/own_task.py", f"--workdir={tmp_path / d}",

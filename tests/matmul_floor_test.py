@@ -3,7 +3,7 @@ compile_check derives on its own (attention aside), and the floor must be the fa
 import pytest
 
 from benchmarks import matmul_floor
-from oapl_jax import compile_check
+from oapl_jax.run import compile_check
 from oapl_jax.models.qwen.config import QwenConfig
 
 

@@ -7,7 +7,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from benchmarks import memory_breakdown as mb
-from oapl_jax import compile_check as cc
+from oapl_jax.run import compile_check as cc
 
 pytest.importorskip("libtpu", reason="libtpu is not installed: no TPU topologies")
 MIB = 1024 ** 2

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from oapl_jax.apps import sweep, sweep_warmstart
-from oapl_jax.run import files
+from oapl_jax.apps import sweep as sweep_app
+from oapl_jax.run import files, shared_warmstart, sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,7 +112,7 @@ def test_points_that_change_the_warm_start_make_their_own(tmp_path):
                      ("config.task.teacher_slip_rate", 0.5)):
     config.write_text(TINY_CONFIG.replace('"config.seed", 1', f'"{key}", {value}'))
     assert not any(r.warmstart for r in sweep.plan(f"{config}", str(tmp_path / "w"))), key
-    assert sweep_warmstart.unshared_reason(files.load(f"{config}"), [{key: value}]) == \
+    assert shared_warmstart.unshared_reason(files.load(f"{config}"), [{key: value}]) == \
         f"a point sets {key}, which the warm start reads"
 
 
@@ -126,15 +126,15 @@ def test_warm_start_is_made_once_and_a_changed_one_refused(tmp_path, monkeypatch
     with open(os.path.join(tmp_path, "w", "warmstart", "config.json"), "w") as f:
       f.write("{}")
     return subprocess.CompletedProcess(command, 0)
-  monkeypatch.setattr(sweep_warmstart.subprocess, "run", fake_build)
-  first = sweep_warmstart.ensure(f"{config}", str(tmp_path / "w"), [])
-  again = sweep_warmstart.ensure(f"{config}", str(tmp_path / "w"), [])
+  monkeypatch.setattr(shared_warmstart.subprocess, "run", fake_build)
+  first = shared_warmstart.ensure(f"{config}", str(tmp_path / "w"), [])
+  again = shared_warmstart.ensure(f"{config}", str(tmp_path / "w"), [])
   assert len(made) == 1 and first == again
   assert made[0][1:] == ["-m", "oapl_jax.apps.sweep_warmstart", f"--config={config}", f"--workdir={tmp_path / 'w'}"]
   assert first["fields"]["warmstart"]["steps"] == 3 and first["fields"]["seed"] == 0
   assert "reused" in capsys.readouterr().out
   with pytest.raises(ValueError, match="made from other warmstart/model/task/seed fields"):
-    sweep_warmstart.ensure(f"{config}", str(tmp_path / "w"), ["--config.warmstart.steps=4"])
+    shared_warmstart.ensure(f"{config}", str(tmp_path / "w"), ["--config.warmstart.steps=4"])
   assert len(made) == 1
 
 
@@ -173,7 +173,7 @@ def test_launcher_submits_each_run_through_a_launch_script(tmp_path, capfd, monk
   monkeypatch.chdir(REPO)
   args = ["--config", "configs/arithmetic.py", "--workdir", str(tmp_path), "--launcher", "launch/slurm.sh",
           "--launcher_args=--dry-run --nodes 1 --job-name oapl-{index}", "--", "--config.loop.num_syncs=2"]
-  assert sweep.main(args) == 0
+  assert sweep_app.main(args) == 0
   out = capfd.readouterr().out
   runs = sweep.plan("configs/arithmetic.py", str(tmp_path), share_warmstart=False)
   srun = [line for line in out.splitlines() if line.startswith("srun ")]  # slurm.sh's own dry run, per run
@@ -199,7 +199,7 @@ def test_tiny_sweep_runs_reports_and_skips_finished_runs(tmp_path, monkeypatch, 
   config.write_text(TINY_CONFIG)
   workdir = str(tmp_path / "sweep")
   args = ["--config", f"{config}", "--workdir", workdir, "--parallel", "2", "--", "--config.loop.num_syncs=1"]
-  assert sweep.main(args) == 0, capsys.readouterr().out
+  assert sweep_app.main(args) == 0, capsys.readouterr().out
   first = capsys.readouterr().out
   names = sorted(os.listdir(workdir))
   assert names == ["curves.png", "lr=0.0001,seed=1", "lr=0.0003,seed=1", "results.csv", "results.md", "warmstart"]
@@ -236,19 +236,19 @@ def test_tiny_sweep_runs_reports_and_skips_finished_runs(tmp_path, monkeypatch, 
   assert os.path.getsize(os.path.join(workdir, "curves.png")) > 10_000
 
   mtimes = {n: os.path.getmtime(os.path.join(workdir, n, "metrics.jsonl")) for n in rows}
-  assert sweep.main(args) == 0
+  assert sweep_app.main(args) == 0
   second = capsys.readouterr().out
   assert "started" not in second and second.count("finished before, skipped") == 2, second
   assert "warm start: made before" in second and open(os.path.join(warm, "build.log")).read().count("$ ") == 1
   assert mtimes == {n: os.path.getmtime(os.path.join(workdir, n, "metrics.jsonl")) for n in rows}
   assert _csv(os.path.join(workdir, "results.csv")) == list(rows.values())
   # --print_commands on a finished sweep prints no command either.
-  assert sweep.main(args[:4] + ["--print_commands"]) == 0
+  assert sweep_app.main(args[:4] + ["--print_commands"]) == 0
   assert "-m oapl_jax.main" not in capsys.readouterr().out
 
 
 def test_print_commands_are_runnable_lines(tmp_path, capsys):
-  assert sweep.main(["--config", "configs/arithmetic.py:sweep", "--workdir", str(tmp_path), "--print_commands"]) == 0
+  assert sweep_app.main(["--config", "configs/arithmetic.py:sweep", "--workdir", str(tmp_path), "--print_commands"]) == 0
   lines = [shlex.split(line) for line in capsys.readouterr().out.splitlines() if line.startswith(sys.executable)]
   assert lines[0] == [sys.executable, "-m", "oapl_jax.apps.sweep_warmstart", "--config=configs/arithmetic.py:sweep",
                       f"--workdir={tmp_path}"]  # the shared warm start first, then the runs that load it

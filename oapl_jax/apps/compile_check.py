@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import jax
 
-from oapl_jax import compile_check as cc
+from oapl_jax.run import compile_check as cc
 from oapl_jax.apps import cli
 from oapl_jax.rl import preemption
 
