@@ -97,3 +97,17 @@ def test_cuda_is_asked_for_only_where_a_gpu_is(monkeypatch, nvidia_nodes, want):
   monkeypatch.setattr(cli.glob, "glob", lambda pattern: nvidia_nodes if pattern.startswith("/dev/nvidia") else [])
   cli.skip_absent_tpu()
   assert os.environ["JAX_PLATFORMS"] == want
+
+
+def test_progress_lines_have_no_logger_prefix_and_a_warning_says_so():
+  """Issue 55.5: a command's INFO lines (progress, ETA, metrics) print bare, not after absl's `I1128 20:23:25.49
+  140 file.py:57]`; a library's INFO stays hidden; a warning is marked as one."""
+  code = ("import logging; from oapl_jax.apps import cli; cli.console_logging()\n"
+          "from oapl_jax import distributed; distributed.initialize()\n"  # logs at INFO from oapl_jax/
+          "logging.getLogger('orbax').info('a library chatting')\n"
+          "logging.getLogger('orbax').warning('a library worried')\n")
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert done.returncode == 0, done.stderr
+  assert done.stderr.splitlines()[-2:] == ["jax.distributed: single process, not initialized",
+                                           "warning: a library worried"], done.stderr

@@ -118,8 +118,19 @@ class _QuietLibraries(logging.Filter):
     return record.levelno >= logging.WARNING or "/oapl_jax/" in record.pathname or "/clu/" in record.pathname
 
 
+class _Plain(logging.Formatter):
+  """Progress and metrics as bare lines (no `I1128 20:23:25.49 140 file.py:88]` prefix between the progress
+  lines); a warning or an error says which it is."""
+
+  def format(self, record):
+    line = record.getMessage()
+    if record.exc_info:
+      line += "\n" + self.formatException(record.exc_info)
+    return line if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {line}"
+
+
 def console_logging() -> None:
-  """absl's log lines (progress, ETA, metrics) on stderr at INFO, libraries at WARNING."""
+  """absl's log lines (progress, ETA, metrics) on stderr at INFO, libraries at WARNING, without absl's prefix."""
   from absl import flags, logging as absl_logging  # pylint: disable=import-outside-toplevel
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()  # absl's flags are not ours to parse: argparse reads the command line
@@ -127,6 +138,7 @@ def console_logging() -> None:
   absl_logging.set_verbosity("info")
   absl_logging.set_stderrthreshold("info")
   absl_logging.get_absl_handler().addFilter(_QuietLibraries())
+  absl_logging.get_absl_handler().setFormatter(_Plain())
 
 
 def run(main, argv: Optional[Sequence[str]] = None) -> None:
