@@ -2,6 +2,7 @@
 hold it, a meaning for each, overrides that load back, and an unknown section refused with exit 2."""
 import ast
 import dataclasses
+import importlib
 from typing import Optional
 
 import pytest
@@ -118,6 +119,17 @@ def test_the_train_command_prints_a_section_without_a_config(tmp_path, monkeypat
   monkeypatch.chdir(tmp_path)  # no configs/ here: the default --config is never read
   with pytest.raises(SystemExit) as done:
     train.main(["--help-config", "loop"])
+  assert done.value.code == 0
+  assert "  --config.loop.sync_every=50\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["offline", "eval", "export", "serve", "sweep", "sweep_warmstart",
+                                     "compile_check"])
+def test_every_command_that_reads_a_config_lists_its_fields(command, tmp_path, monkeypatch, capsys):
+  """Issue 55: not only oapl-train; no config, run directory or checkpoint is read first."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(SystemExit) as done:
+    importlib.import_module(f"oapl_jax.apps.{command}").main(["--help-config", "loop"])
   assert done.value.code == 0
   assert "  --config.loop.sync_every=50\n" in capsys.readouterr().out
 

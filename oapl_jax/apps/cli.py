@@ -72,6 +72,7 @@ def parser(prog: str, doc: str) -> argparse.ArgumentParser:
 def add_config(p: argparse.ArgumentParser, *, default: Optional[str] = None, required: bool = False) -> None:
   p.add_argument("--config", default=default, required=required, metavar="FILE.py[:ARG]",
                  help="experiment config (get_config(ARG)); override fields with --config.a.b=VALUE")
+  add_help_config(p)  # every command that reads a config lists its fields
 
 
 class _PrintConfigHelp(argparse.Action):

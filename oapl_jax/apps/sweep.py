@@ -41,6 +41,7 @@ def _parse(argv: Sequence[str]):
   argv = [a for a in argv if a != "--"]
   p = cli.parser("oapl-sweep", __doc__)
   p.add_argument("--config", required=True, help="FILE.py[:ARG] defining get_config and get_hyper")
+  cli.add_help_config(p)
   p.add_argument("--workdir", required=True, help="one sub-directory per run, and the results")
   p.add_argument("--parallel", type=int, default=1, help="local runs at a time")
   p.add_argument("--print_commands", action="store_true", help="print one command per run; run nothing")

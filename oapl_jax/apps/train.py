@@ -30,7 +30,6 @@ from oapl_jax.run import assemble, check, schema  # noqa: E402
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = cli.parser("oapl-train", __doc__)
   cli.add_config(p, default="configs/arithmetic.py")
-  cli.add_help_config(p)
   p.add_argument("--workdir", default="runs/demo", help="logs, checkpoints, curve and summary go here")
   p.add_argument("--dry_run", action="store_true", help="check the config and the task's data, then exit")
   p.add_argument("--allow_config_changes", action="store_true",
