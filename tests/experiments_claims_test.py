@@ -27,6 +27,13 @@ def _study(*args):
                         capture_output=True, text=True, timeout=1200)
 
 
+# The smoke study is 15 whole runs (3.6 min of one CI worker, the suite's longest piece): `make test-all` runs it.
+# In `make test`, its pieces are tested apart: the plan's cells (experiments_tuning_rules_test, experiments_lag_test),
+# the statistics recomputed (experiments_stats_test), a bad config before the warm start and the warm start's
+# bit-identical rebuild (below).
+SMOKE = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
   base = tmp_path_factory.mktemp("claims")
@@ -44,6 +51,7 @@ def _finals(runs):
   return out
 
 
+@SMOKE
 def test_every_planned_cell_ran_once_at_its_generation_budget(smoke):
   base, stdout = smoke
   study = plan.make_study(config="configs/own_task.py", smoke=True)
@@ -64,6 +72,7 @@ def test_every_planned_cell_ran_once_at_its_generation_budget(smoke):
       assert values == sorted(values) and all(0 <= v <= 1 for v in values)
 
 
+@SMOKE
 def test_policy_eval_on_validation_only_and_recorded_configs(smoke):
   base, _ = smoke
   runs = base / "runs"
@@ -89,6 +98,7 @@ def _claim_rows(text):
                             if line.startswith("| ") and line[2] in "12345")}
 
 
+@SMOKE
 def test_report_claims_are_the_runs_paired_differences(smoke):
   base, _ = smoke
   text = (base / "report" / "report.md").read_text()
@@ -118,6 +128,7 @@ def test_report_claims_are_the_runs_paired_differences(smoke):
   assert "--config.trainer.loss_settings.oapl.beta2=0.25" in text  # the per-cell commands
 
 
+@SMOKE
 def test_rerun_skips_finished_runs_and_the_warm_start(smoke):
   base, _ = smoke
   before = {p: os.path.getmtime(p) for p in glob.glob(str(base / "runs" / "*" / "*" / "*" / "*" / results.FINAL_EVAL))}

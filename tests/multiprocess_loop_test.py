@@ -247,6 +247,7 @@ def _committed_steps(workdir) -> set[int]:
   return {int(n) for n in os.listdir(directory) if n.isdigit()} if os.path.isdir(directory) else set()
 
 
+@pytest.mark.slow  # 85 s in CI; resuming to the same metrics on two processes: the SIGTERM test below
 def test_killed_processes_resume_to_the_uninterrupted_metrics(uninterrupted, tmp_path):
   workdir, results = tmp_path / "killed", tmp_path / "results"
   procs = _start(2, workdir, results)
