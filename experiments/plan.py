@@ -229,8 +229,7 @@ def warm_key(study: Study) -> str:
   overrides, and the devices it is computed on: the same seed on 1 and on 8 CPU devices gives other params,
   every tensor differing after 30 steps), hashed: a study reuses a warm start only when these are equal."""
   import jax  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run import shared_warmstart  # pylint: disable=import-outside-toplevel
-  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  from oapl_jax.run import files, shared_warmstart  # pylint: disable=import-outside-toplevel
   made_from = shared_warmstart.fields(files.load(study.config, dict(study.shared)))
   made_from["devices"] = f"{jax.default_backend()} x {jax.device_count()}, jax {jax.__version__}"
   return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:12]
