@@ -111,3 +111,17 @@ def test_progress_lines_have_no_logger_prefix_and_a_warning_says_so():
   assert done.returncode == 0, done.stderr
   assert done.stderr.splitlines()[-2:] == ["jax.distributed: single process, not initialized",
                                            "warning: a library worried"], done.stderr
+
+
+def test_the_window_line_shows_the_snapshots_and_the_policys_pass_at_1(tmp_path, capsys):
+  """A run with a policy eval every few steps shows its latest value, not only the snapshot's eval (a study's runs
+  evaluate the snapshot at step 0 and the end: their line stood at the warm start's value all run)."""
+  from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+  from oapl_jax.rl import loop, windows  # pylint: disable=import-outside-toplevel
+  reporter = reporting.Reporter(str(tmp_path), total_steps=300)
+  reporter.latest.update({"train/loss": 0.5, "rollout/reward_mean": 0.25, "eval/val/pass@1": 0.248,
+                          "policy_eval/val/pass@1": 0.803, "policy_eval/val/pass@4": 0.9})
+  run = SimpleNamespace(reporter=reporter, windows=windows.FixedWindows(), settings=SimpleNamespace(num_syncs=6))
+  loop._print_window(run, 2, 150)  # pylint: disable=protected-access
+  reporter.close()
+  assert "| val pass@1 0.248 | policy val pass@1 0.803 |" in capsys.readouterr().out

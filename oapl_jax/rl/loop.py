@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from oapl_jax import checkpoint_files, checkpoints, parallel
-from oapl_jax.rl import monitors, preemption, trainer
+from oapl_jax.rl import monitors, policy_eval, preemption, trainer
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.parts import RunParts
 from oapl_jax.rl.rollout_worker import RolloutWorker, Window
@@ -310,8 +310,9 @@ def _print_window(run: Online, sync: int, end_step: int) -> None:
   notebook or a script calling loop.train sees it too."""
   latest = run.reporter.latest
   values = {"loss": latest.get("train/loss"), "reward": latest.get("rollout/reward_mean")}
-  values.update({f"{k.split('/')[1]} pass@1": v for k, v in latest.items() if k.startswith("eval/") and
-                 k.endswith("/pass@1")})
+  for prefix, label in (("eval/", "{} pass@1"), (policy_eval.PREFIX, "policy {} pass@1")):  # snapshot, policy
+    values.update({label.format(k.split("/")[1]): v for k, v in latest.items() if k.startswith(prefix) and
+                   k.endswith("/pass@1")})
   line = run.reporter.window_line(end_step, sync + 1, run.windows.planned_windows(run.settings.num_syncs),
                                   {k: v for k, v in values.items() if v is not None})
   if run.reporter.is_main:
