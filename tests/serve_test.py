@@ -195,6 +195,23 @@ def test_each_malformed_kind_refused_alone(server, request_and_reason):
 
 
 @pytest.mark.slow
+def test_bytes_that_are_no_protobuf_are_one_invalid_argument_and_no_traceback(server, server_process):
+  proc, address = server
+  with grpc.insecure_channel(address) as channel:
+    for method, call in (("Decode", channel.unary_stream), ("HealthCheck", channel.unary_unary)):
+      rpc = call(f"/jetstream_proto.Orchestrator/{method}", request_serializer=lambda b: b,
+                 response_deserializer=lambda b: b)
+      with pytest.raises(grpc.RpcError) as refused:
+        result = rpc(b"\xff\xff\xff\xff not a protobuf", timeout=30)
+        list(result) if method == "Decode" else result  # pylint: disable=expression-not-assigned
+      assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, refused.value)
+      assert refused.value.details().startswith(f"the request is not a {method}Request protobuf ("), method
+    assert pb_grpc.OrchestratorStub(channel).HealthCheck(pb.HealthCheckRequest(), timeout=30).is_live
+  assert proc.poll() is None
+  assert "Traceback" not in server_process[1].read_text()
+
+
+@pytest.mark.slow
 def test_listens_on_loopback_only(server):
   proc, address = server
   local = _listening_address(proc.pid, int(address.rsplit(":", 1)[1]))

@@ -14,12 +14,14 @@ vocabulary, text without tokenizer files, max_tokens outside 1..max_decode_lengt
 INVALID_ARGUMENT with the reason, and only that client sees it. Nothing is truncated or clamped. The check runs
 on a worker thread, off the event loop, and a text longer in bytes than max_prefill_length tokens of the
 vocabulary's longest can hold is refused before it is tokenized (a 1 MB prompt costs the server nothing).
+Bytes that are no protobuf of the method's request type are INVALID_ARGUMENT too, not a server traceback.
 """
 import asyncio
 import logging
 import threading
 
 import grpc
+from google.protobuf import message as protobuf_message
 
 from oapl_jax.sampler import jetstream_compat  # noqa: F401  (must precede jetstream.core)
 from oapl_jax.sampler.engine import InvalidRequest, SamplerEngine
@@ -46,6 +48,34 @@ def check_request(engine: SamplerEngine, request: jetstream_pb2.DecodeRequest) -
   raise InvalidRequest("the request has no prompt: set text_content or token_content")
 
 
+class _Unparsed:
+  """A request's bytes that did not parse (gRPC would log a traceback and answer UNKNOWN)."""
+
+  def __init__(self, kind: str, error: Exception):
+    self.reason = f"the request is not a {kind} protobuf ({error})"
+
+
+def _lenient(message_type):
+  def parse(data: bytes):
+    try:
+      return message_type.FromString(data)
+    except protobuf_message.DecodeError as e:
+      return _Unparsed(message_type.__name__, e)
+  return parse
+
+
+def _add_to_server(servicer: "CheckedOrchestrator", server) -> None:
+  """jetstream_pb2_grpc.add_OrchestratorServicer_to_server, with `_lenient` request parsing."""
+  handlers = {
+      "Decode": grpc.unary_stream_rpc_method_handler(
+          servicer.Decode, request_deserializer=_lenient(jetstream_pb2.DecodeRequest),
+          response_serializer=jetstream_pb2.DecodeResponse.SerializeToString),
+      "HealthCheck": grpc.unary_unary_rpc_method_handler(
+          servicer.HealthCheck, request_deserializer=_lenient(jetstream_pb2.HealthCheckRequest),
+          response_serializer=jetstream_pb2.HealthCheckResponse.SerializeToString)}
+  server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("jetstream_proto.Orchestrator", handlers),))
+
+
 class CheckedOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
   """JetStream's LLMOrchestrator with `check_request` in front: a bad request is answered
   INVALID_ARGUMENT here and never reaches the driver's threads."""
@@ -55,6 +85,8 @@ class CheckedOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
     self._engine = engine
 
   async def Decode(self, request, context):  # noqa: N802 (the gRPC method's name)
+    if isinstance(request, _Unparsed):
+      await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
     try:  # on a worker thread: tokenizing one prompt never holds up the other clients' requests
       await asyncio.to_thread(check_request, self._engine, request)
     except InvalidRequest as e:
@@ -63,6 +95,8 @@ class CheckedOrchestrator(jetstream_pb2_grpc.OrchestratorServicer):
       yield response
 
   async def HealthCheck(self, request, context):  # noqa: N802
+    if isinstance(request, _Unparsed):
+      await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
     return await self._orchestrator.HealthCheck(request, context)
 
 
@@ -96,7 +130,7 @@ class Server:
 
   async def _start(self, engine: SamplerEngine, address: str) -> int:
     self._grpc = grpc.aio.server()
-    jetstream_pb2_grpc.add_OrchestratorServicer_to_server(CheckedOrchestrator(self.driver, engine), self._grpc)
+    _add_to_server(CheckedOrchestrator(self.driver, engine), self._grpc)
     port = self._grpc.add_insecure_port(address)
     if not port:
       raise OSError(f"oapl-serve: cannot bind {address}")
