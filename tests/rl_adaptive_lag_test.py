@@ -6,7 +6,7 @@ import os
 import pytest
 
 from oapl_jax import sections
-from oapl_jax.rl import loop
+from oapl_jax.rl import loop, windows
 from oapl_jax.rl.schedule import LoopConfig
 from oapl_jax.run import assemble
 from tests.loop_test import tiny_config
@@ -69,3 +69,13 @@ def test_windows_end_where_the_logged_drift_says_and_resume_is_identical(tmp_pat
 def test_an_adaptive_lag_with_a_delayed_sampler_is_a_config_error():
   with pytest.raises(sections.ConfigError, match="refresh_drift=0.1: an adaptive lag needs loop.sampler_delay_windows=0"):
     sections.build(LoopConfig, {"refresh_drift": 0.1, "sampler_delay_windows": 1}, "loop")
+
+
+def test_a_window_saved_inside_resumes_to_the_length_its_policy_says():
+  """The resume rule is the window policy's (rl/windows.py), not the loop's: an adaptive window whose last saved
+  step asked to end runs one more step; a fixed or delayed one, and an adaptive one that was not asked, its length."""
+  adaptive = windows.AdaptiveWindows(0.1, "train/drift")
+  assert adaptive.resumed_length(50, 7, ended_last=True) == 8
+  assert adaptive.resumed_length(50, 7, ended_last=False) == 50
+  for policy in (windows.FixedWindows(), windows.DelayedWindows()):
+    assert policy.resumed_length(50, 7, ended_last=True) == 50

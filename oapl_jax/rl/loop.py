@@ -68,6 +68,15 @@ class Online(RunParts):
   demo_mixer: Optional[DemoMixer] = None  # loop.demo_fraction: demonstrations in the rollout groups
 
 
+@dataclasses.dataclass(frozen=True)
+class _WindowEnd:
+  """How a window's steps ended (`_train_window`), for `_end_window`."""
+  done: int  # steps of the window done
+  ended: bool  # the window policy ended it before its length
+  ended_last: bool  # its last step asked the policy to end it (a window saved inside resumes one step longer)
+  stopping: bool  # a stop was agreed
+
+
 @dataclasses.dataclass
 class _Position:
   """Where the loop stands: the window (sync) and its first step, and a restored run's starting point."""
@@ -129,8 +138,8 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
         logging.warning("stopping after %d sync windows (max_windows)", max_windows)
         break
       length = _begin_window(run, worker, at)  # 1. sampler <- trainer (the window policy's params); D <- {}
-      steps = _train_window(run, worker, stop, at, length)  # 2-3. the sampler fills D while the trainer steps
-      if not _end_window(run, worker, at, length, *steps, on_window):  # 4. after L steps: checkpoint, next window
+      end = _train_window(run, worker, stop, at, length)  # 2-3. the sampler fills D while the trainer steps
+      if not _end_window(run, worker, at, length, end, on_window):  # 4. after L steps: checkpoint, next window
         break
     if stop.signal_name is not None and at.step0 < run.settings.total_steps:
       logging.warning("stopped by %s after trainer step %d; resume with the same command", stop.signal_name, at.step0)
@@ -164,9 +173,9 @@ def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
   """The sampler takes the params the window policy gives (unless the window resumes inside, on its saved
   snapshot), the buffer empties to its version and the worker starts the window; returns its length."""
   length = min(run.schedule.sync_every, run.settings.total_steps - at.step0)
-  if at.resume_at and run.meta.drift_seen:  # the window's last step was due one after the saved ones
-    length = at.resume_at + 1
-  if not at.resume_at:
+  if at.resume_at:
+    length = run.windows.resumed_length(length, at.resume_at, bool(run.meta.drift_seen))
+  else:
     with _timed(run, "refresh"):
       run.sampler.refresh(run.windows.sampler_params(run.policy_params(run.state)))
     run.reporter.scalars(at.step0, {"sampler/refresh_seconds": run.sampler.last_refresh_seconds,
@@ -183,9 +192,8 @@ def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
 
 
 def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag, at: _Position,
-                  length: int) -> tuple[int, bool, bool, bool]:
-  """The window's trainer steps from `at.resume_at`, each logged while the next runs; returns (steps done, whether
-  the window policy ended it, whether its last step asked to, whether a stop was agreed)."""
+                  length: int) -> _WindowEnd:
+  """The window's trainer steps from `at.resume_at`, each logged while the next runs; how they ended."""
   pending, last_fetch, ended, stopping = None, time.perf_counter(), False, False
   base_key = jax.random.PRNGKey(run.settings.seed)
   for s in range(at.resume_at, length):
@@ -214,7 +222,7 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
     if ended or stopping:  # the step before this one ended the window (the policy's refresh now), or a stop
       break
   ended_last, stop_last = _finish_step(run, *pending, last_fetch)
-  return s + 1, ended, ended_last, stopping or stop_last
+  return _WindowEnd(s + 1, ended, ended_last, stopping or stop_last)
 
 
 def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, dict, float]:
@@ -237,18 +245,19 @@ def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, 
   return batch, {"train/policy_lag": s, "train/wait_seconds": waited}, reuse.mean()
 
 
-def _end_window(run: Online, worker: RolloutWorker, at: _Position, length: int, done: int, ended: bool,
-                ended_last: bool, stopping: bool, on_window: Optional[Callable[[dict], None]]) -> bool:
-  """Closes the window after `done` of its steps: a checkpoint inside it when stopped there, else the next
+def _end_window(run: Online, worker: RolloutWorker, at: _Position, length: int, end: _WindowEnd,
+                on_window: Optional[Callable[[dict], None]]) -> bool:
+  """Closes the window after `end.done` of its steps: a checkpoint inside it when stopped there, else the next
   window's meta, its report and the checkpoint its cadence asks for; whether the loop goes on."""
+  done, stopping = end.done, end.stopping
   s, at.resume_at = done - 1, 0
   with _timed(run, "waiting for samples"):  # the window's last chunks
     worker.wait_window(cut=done < run.schedule.sync_every)
   _log_worker_stats(run, worker, at.restored_step)
   end_step, seed = at.step0 + done, run.settings.seed
-  if done < length and not ended:  # stopped inside the window: save it as it stands
+  if done < length and not end.ended:  # stopped inside the window: save it as it stands
     run.meta = checkpoint_files.Meta(at.sync, run.sampler.snapshot_version, run.meta.data_position, seed,
-                                window_steps_done=done, drift_seen=int(ended_last))
+                                     window_steps_done=done, drift_seen=int(end.ended_last))
     _save(run, end_step, run.meta, sampler=run.sampler.params)
     at.step0 = end_step
     return False

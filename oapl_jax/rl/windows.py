@@ -44,6 +44,10 @@ class WindowPolicy(Protocol):
   def planned_windows(self, num_syncs: int) -> Optional[int]:
     """How many windows the console line announces (None: not known in advance)."""
 
+  def resumed_length(self, planned: int, steps_done: int, ended_last: bool) -> int:
+    """The length of a window resumed after `steps_done` of its steps (saved inside it); `ended_last`: whether the
+    last saved step asked the policy to end the window."""
+
 
 class FixedWindows:
   lookahead: Optional[int] = None
@@ -59,6 +63,9 @@ class FixedWindows:
 
   def planned_windows(self, num_syncs: int) -> Optional[int]:
     return num_syncs
+
+  def resumed_length(self, planned: int, steps_done: int, ended_last: bool) -> int:
+    return planned
 
 
 class DelayedWindows(FixedWindows):
@@ -88,6 +95,9 @@ class AdaptiveWindows(FixedWindows):
 
   def planned_windows(self, num_syncs: int) -> Optional[int]:
     return None
+
+  def resumed_length(self, planned: int, steps_done: int, ended_last: bool) -> int:
+    return steps_done + 1 if ended_last else planned  # its last step was due one after the saved ones
 
 
 def window_policy(refresh_drift: float, drift_metric: str, sampler_delay_windows: int) -> WindowPolicy:
