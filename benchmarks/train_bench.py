@@ -43,9 +43,9 @@ import torch
 import transformers
 
 from benchmarks import matmul_floor, random_models
-from oapl_jax import batch_spec, host_memory, objectives, parallel
+from oapl_jax import host_memory, objectives, parallel
 from oapl_jax.models import api, hf
-from oapl_jax.rl import trainer
+from oapl_jax.rl import batch_spec, trainer
 from oapl_jax.rl.optim import OptimConfig
 
 BETA1, BETA2, LR, MAX_GRAD_NORM = 1.0, 1e-3, 1e-5, 1.0

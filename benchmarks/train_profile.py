@@ -23,9 +23,9 @@ import jax
 from jax.profiler import ProfileData
 
 from benchmarks import decode_profile, random_models, train_bench
-from oapl_jax import batch_spec, objectives, parallel
+from oapl_jax import objectives, parallel
 from oapl_jax.models import api, hf
-from oapl_jax.rl import trainer
+from oapl_jax.rl import batch_spec, trainer
 from oapl_jax.rl.optim import OptimConfig
 
 _COPIES = {"transpose", "copy", "dynamic_slice", "dynamic_update_slice", "concatenate", "gather", "scatter", "pad",

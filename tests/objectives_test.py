@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from oapl_jax import objectives as obj
+from oapl_jax.objectives.batch_fields import FIELDS
 
 
 def _np_v_star(r_BxG, beta1):
@@ -331,6 +332,18 @@ def test_compute_loss_checks_settings_type_and_batch_keys():
                      obj.M2POSettings())
   with pytest.raises(ValueError, match=r"must be \[B, G, T\]"):
     obj.compute_loss("asymre", policy[0], batch, obj.AsymRESettings())
+
+
+def test_every_key_a_loss_reads_is_a_stated_field_and_the_optional_ones_are_the_optional_fields():
+  """The shape check reads batch_fields.FIELDS: every key a loss reads is stated there, and what some loss reads
+  when present is what the statement calls optional."""
+  read = {k for spec in obj.LOSSES.values() for k in spec.needs + spec.optional}
+  assert read <= set(FIELDS), sorted(read - set(FIELDS))
+  assert {k for spec in obj.LOSSES.values() for k in spec.optional} == {k for k, f in FIELDS.items() if f.optional}
+  policy, batch = _random_batch(9)
+  demo_slots = np.zeros(policy.shape, np.float32)  # stated per sequence [B, G]: a [B, G, T] one is refused
+  with pytest.raises(ValueError, match=r"batch\['demo_slots'\] has shape \(\d+, \d+, \d+\)"):
+    obj.compute_loss("oapl", policy, dict(batch, demo_slots=demo_slots), obj.OAPLSettings())
 
 
 def test_grpo_onpolicy_is_grpo():

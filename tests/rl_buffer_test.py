@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 
+from oapl_jax.objectives.batch_fields import FIELDS, Field
+from oapl_jax.rl import batch_spec
 from oapl_jax.rl.buffer import RolloutBuffer, pack_groups
 from oapl_jax.sampler.api import RolloutGroups
 from oapl_jax.sampler.settings import SamplingSettings
@@ -79,3 +81,42 @@ def test_annotated_chunks_carry_their_arrays_into_batches():
     buf.annotate(0, "x", np.zeros((3, 2, 8)))
   buf.close()
   assert buf.chunk(5) is None  # closed before it arrived
+
+
+def _unstated(batch, fields) -> list[str]:
+  """How a sampled batch and a statement of its fields differ, both ways: names, then dtypes and shapes."""
+  B, G, T = batch["tokens"].shape
+  return ([f"{k}: packed, not stated" for k in sorted(set(batch) - set(fields))] +
+          [f"{k}: stated, not packed" for k in sorted(set(fields) - set(batch))] +
+          [f"{k}: {batch[k].dtype} {batch[k].shape}, stated {np.dtype(f.dtype)} {f.shape(B, G, T)}"
+           for k, f in fields.items()
+           if k in batch and (batch[k].dtype, batch[k].shape) != (np.dtype(f.dtype), f.shape(B, G, T))])
+
+
+def test_the_packed_batch_is_the_stated_fields_both_ways():
+  """objectives/batch_fields.FIELDS is the buffer's batch: every packed field stated, every stated field packed,
+  in its dtype and its [B, G, T] or [B, G] shape; the optional ones when a chunk comes with them."""
+  always = {k: f for k, f in FIELDS.items() if not f.optional}
+  batches = []
+  for optional in (False, True):
+    buf = RolloutBuffer(seq_len=7)
+    buf.reset(1)
+    for seed in (0, 1):  # float64 and int inputs: the stated dtypes come out
+      buf.add(_groups(1, seed=seed), np.ones((2, 2)), {"demo_slots": np.eye(2, dtype=int)} if optional else None)
+      if optional:
+        buf.annotate(seed, "old_policy_token_logp", np.full((2, 2, 7), -1.0))
+    batch = buf.sample(3, 2, np.random.default_rng(0))
+    assert batch.pop("reuse").shape == batch.pop("version").shape == (3,)  # the draw's bookkeeping, no field
+    batches.append(batch)
+  plain, full = batches
+  assert _unstated(plain, always) == [] and _unstated(full, FIELDS) == []
+  # both ways: a field stated but not packed, and fields packed but not stated, fail the comparison
+  assert _unstated(plain, {**always, "new": Field(np.float32, False)}) == ["new: stated, not packed"]
+  assert _unstated(full, always) == ["demo_slots: packed, not stated", "old_policy_token_logp: packed, not stated"]
+  assert _unstated({**plain, "rewards": plain["rewards"][..., None]}, always) == \
+      ["rewards: float32 (3, 2, 1), stated float32 (3, 2)"]
+  # the spec the compile check and the train benchmarks build is that batch
+  spec = batch_spec.train_batch(*plain["tokens"].shape)
+  assert {k: (s.shape, s.dtype) for k, s in spec.items()} == {k: (v.shape, v.dtype) for k, v in plain.items()}
+  with pytest.raises(ValueError, match="'x' is no field of the trainer's batch"):
+    buf.annotate(0, "x", np.zeros((2, 2, 7)))

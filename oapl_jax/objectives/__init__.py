@@ -7,11 +7,9 @@ whatever the input dtype; padded positions (response_mask 0) may hold anything, 
     settings = objectives.build_settings("opmd", {"tau": 0.5})      # -> OPMDSettings
     loss, metrics = objectives.compute_loss("opmd", policy_token_logp_BxGxT, batch, settings)
 
-Batch keys: response_mask [B,G,T], sampler_token_logp [B,G,T] (the sampler's own log-probs of the
-sampled tokens), rewards [B,G], and for GRPO optionally old_policy_token_logp [B,G,T]; OAPL optionally demo_slots [B,G] (1 on
-demonstrations trained by SFT, left out of V* and the regression: loop.demo_use='sft'). `LOSSES[name]`
-says which keys a loss reads (`needs`, `optional`) and whether it compares the G samples of a prompt
-(`needs_groups`: a micro-batch must then hold whole groups).
+Batch keys, their dtypes, shapes and meanings: batch_fields.FIELDS. `LOSSES[name]` says which keys a loss
+reads (`needs`, `optional`) and whether it compares the G samples of a prompt (`needs_groups`: a micro-batch
+must then hold whole groups).
 """
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ import jax
 
 from oapl_jax import sections
 from oapl_jax.objectives.asymre import AsymRESettings, asymre_from_batch, asymre_loss
+from oapl_jax.objectives.batch_fields import FIELDS
 from oapl_jax.objectives.checks import check_token_array
 from oapl_jax.objectives.grpo import GRPOSettings, grpo_advantages, grpo_from_batch, grpo_loss
 from oapl_jax.objectives.m2po import M2POSettings, m2po_from_batch, m2po_loss, m2po_tau_squared
@@ -35,7 +34,6 @@ Settings = Any  # one of the *Settings dataclasses
 LossFn = Callable[[jax.Array, Mapping[str, jax.Array], Settings], tuple[jax.Array, Metrics]]
 
 _TOKENS_AND_REWARDS = ("response_mask", "sampler_token_logp", "rewards")
-_PER_SEQUENCE = ("rewards", "demo_slots")  # batch keys of shape [B, G]; the others are [B, G, T]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +112,7 @@ def compute_loss(name: str, policy_token_logp_BxGxT: jax.Array, batch: Mapping[s
     raise ValueError(f"loss {name!r} needs batch keys {missing}; the batch has {sorted(batch)}")
   shape = check_token_array("policy_token_logp_BxGxT", policy_token_logp_BxGxT)
   for key in spec.needs + tuple(k for k in spec.optional if k in batch):
-    expected = shape[:2] if key in _PER_SEQUENCE else shape
+    expected = FIELDS[key].shape(*shape)
     if tuple(batch[key].shape) != expected:
       raise ValueError(f"loss {name!r}: batch[{key!r}] has shape {tuple(batch[key].shape)}, expected {expected}")
   return spec.fn(policy_token_logp_BxGxT, batch, settings)

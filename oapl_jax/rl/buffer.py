@@ -1,5 +1,8 @@
 """The rollout buffer D of Algorithm 1: groups from ONE sampler snapshot, packed for the trainer.
 
+Packed as objectives/batch_fields.FIELDS states the batch: every field it names, in its dtype; the optional ones
+come beside a chunk (`add`'s fields, `annotate`).
+
 The sampler thread `add`s rollout groups (tagged with their snapshot version); the trainer
 `sample`s batches of B groups; every L steps the loop `reset`s it to the new version, dropping
 everything. A group from any other version is refused, so V* is always estimated within one
@@ -15,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from oapl_jax.objectives.batch_fields import FIELDS
 from oapl_jax.sampler.api import RolloutGroups
 
 
@@ -26,10 +30,9 @@ def pack_sequences(prompts, responses, response_logps, seq_len: int) -> dict[str
   `response_logps` may be None (demonstrations: zeros).
   """
   N = len(prompts)
-  out = {k: np.zeros((N, seq_len), np.int32) for k in ("tokens", "targets")}
-  out["positions"] = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (N, seq_len)).copy()
-  out["response_mask"] = np.zeros((N, seq_len), np.float32)
-  out["sampler_token_logp"] = np.zeros((N, seq_len), np.float32)
+  out = {k: np.zeros((N, seq_len), FIELDS[k].dtype)
+         for k in ("tokens", "targets", "positions", "response_mask", "sampler_token_logp")}
+  out["positions"][:] = np.arange(seq_len)
   for i, (prompt, response) in enumerate(zip(prompts, responses)):
     n_prompt, n_resp = len(prompt), len(response)
     seq = np.concatenate([np.asarray(prompt, np.int32), np.asarray(response, np.int32)])
@@ -59,8 +62,15 @@ def pack_groups(groups: RolloutGroups, rewards_PxG: np.ndarray, seq_len: int) ->
       [groups.response_tokens[p, g, :n] for (p, g), n in zip(pg, lengths)],
       [groups.sampler_logp[p, g, :n] for (p, g), n in zip(pg, lengths)], seq_len)
   out = {k: v.reshape(P, G, seq_len) for k, v in packed.items()}
-  out["rewards"] = np.asarray(rewards_PxG, np.float32)
+  out["rewards"] = np.asarray(rewards_PxG, FIELDS["rewards"].dtype)
   return out
+
+
+def _as_field(name: str, values) -> np.ndarray:
+  """`values` in batch field `name`'s stated dtype; a name FIELDS does not state is refused."""
+  if name not in FIELDS:
+    raise ValueError(f"{name!r} is no field of the trainer's batch (objectives/batch_fields.FIELDS: {sorted(FIELDS)})")
+  return np.asarray(values, FIELDS[name].dtype)
 
 
 class RolloutBuffer:
@@ -94,7 +104,7 @@ class RolloutBuffer:
     """Add one chunk of groups (with per-group `fields` [P, ...] beside them, e.g. demo_slots); returns False
     (and drops it) if it is from another version."""
     packed = pack_groups(groups, rewards_PxG, self.seq_len)
-    packed.update(fields or {})
+    packed.update({k: _as_field(k, v) for k, v in (fields or {}).items()})
     packed["version"] = np.full(len(rewards_PxG), groups.snapshot_version, np.int64)
     with self._cond:
       if groups.snapshot_version != self._version:
@@ -129,7 +139,7 @@ class RolloutBuffer:
     with self._cond:
       if len(values) != len(self._uses[index]):
         raise ValueError(f"{key}: {len(values)} rows for a chunk of {len(self._uses[index])} groups")
-      self._chunks[index][key] = np.asarray(values)
+      self._chunks[index][key] = _as_field(key, values)
 
   def sample(self, batch_groups: int, chunks_visible: int, rng: np.random.Generator,
              timeout: Optional[float] = None, rows: slice = slice(None)) -> Optional[dict[str, np.ndarray]]:

@@ -7,10 +7,8 @@
     train_step = make_train_step(config, model, layout)
     state, metrics = train_step(state, batch, rng)   # batch: dict of [B, G, T] / [B, G] arrays
 
-Batch (right-padded, B prompts x G samples x T positions): tokens, targets, positions (int32
-[B,G,T]; targets are the next tokens), response_mask (float32 [B,G,T], 1 where the target is a
-response token), sampler_token_logp (float32 [B,G,T], aligned with targets), rewards (float32
-[B,G]); GRPO may add old_policy_token_logp [B,G,T]; loop.demo_use='sft' adds demo_slots (float32 [B,G]).
+Batch (right-padded, B prompts x G samples x T positions): its fields, their dtypes, shapes and meanings are
+objectives/batch_fields.FIELDS (rl/buffer packs it so, rl/batch_spec declares it so).
 
 Policy log-probs are taken at the sampler's temperature (log_softmax(logits / T)), as the
 official OAPL code does. Master weights stay in model.config.param_dtype; the loss casts them

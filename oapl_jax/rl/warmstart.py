@@ -20,6 +20,7 @@ import numpy as np
 
 from oapl_jax import checkpoint_files, checkpoints, objectives, parallel, sections
 from oapl_jax.models.api import CausalLM
+from oapl_jax.objectives.batch_fields import FIELDS
 from oapl_jax.parallel import Layout
 from oapl_jax.rl import preemption, trainer
 from oapl_jax.rl.buffer import pack_sequences
@@ -56,7 +57,7 @@ def pack_demonstrations(examples: Sequence[Demonstration], seq_len: int) -> dict
   packed = pack_sequences([ex.prompt_tokens for ex in examples], [ex.completion_tokens for ex in examples],
                           None, seq_len)
   batch = {k: v[:, None] for k, v in packed.items()}
-  batch["rewards"] = np.zeros((len(examples), 1), np.float32)
+  batch["rewards"] = np.zeros((len(examples), 1), FIELDS["rewards"].dtype)
   return batch
 
 

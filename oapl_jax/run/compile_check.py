@@ -55,11 +55,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oapl_jax import batch_spec, parallel, sections
+from oapl_jax import parallel, sections
 from oapl_jax.tpu_topology import (  # noqa: F401  (the slices by name, re-exported: cc.parse_topology, ...)
     CHIPS, GIB, Chip, LibtpuMissing, Topology, accelerator_type, parse_topology, topology_devices)
 from oapl_jax.models import api, factory, vocab_logprobs
-from oapl_jax.rl import preemption, trainer
+from oapl_jax.rl import batch_spec, preemption, trainer
 from oapl_jax.run import assemble, check as run_check, schema
 from oapl_jax.sampler import buckets, core
 
@@ -103,7 +103,7 @@ def _abstract_params(model, shardings):
 
 
 def train_inputs(train_cfg, model, layout: parallel.Layout, batch_prompts: int, group_size: int, seq_len: int):
-  """Abstract (state, batch, rng) of the train step: the buffer's packed [B, G, T] batch (oapl_jax/batch_spec)."""
+  """Abstract (state, batch, rng) of the train step: the buffer's packed [B, G, T] batch (rl/batch_spec)."""
   state = trainer.abstract_state(train_cfg, model, layout)
   batch = batch_spec.train_batch(batch_prompts, group_size, seq_len, layout, num_prompts=batch_prompts)
   return state, batch, jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=layout.replicated)

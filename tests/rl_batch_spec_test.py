@@ -1,11 +1,12 @@
-"""oapl_jax/batch_spec: the trainer batch's fields and placement, as the compile check and the train benchmarks
+"""oapl_jax/rl/batch_spec: the trainer batch's fields and placement, as the compile check and the train benchmarks
 build it."""
 import jax
 import numpy as np
 import pytest
 
 from benchmarks import train_bench
-from oapl_jax import batch_spec, parallel
+from oapl_jax import parallel
+from oapl_jax.rl import batch_spec
 
 
 def test_a_batch_lands_in_the_specs_dtypes_with_its_prompt_axis_over_the_batch_devices():

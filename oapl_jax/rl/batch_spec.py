@@ -1,25 +1,20 @@
-"""The trainer's batch: its fields, their shapes and dtypes, and how it lies over the trainer's devices.
+"""The trainer's batch as the step receives it: objectives/batch_fields.FIELDS, shaped and laid over the devices.
 
     spec = batch_spec.train_batch(B, G, T, layout)          # {name: ShapeDtypeStruct with its sharding}
     batch_dev = batch_spec.put(batch_of_numpy_arrays, spec)  # those dtypes, that placement
 
-One definition for everything that builds a batch without the loop's buffer: the compile check's abstract inputs
-and the train benchmarks' random batches (rl/trainer.py's docstring says what each field holds; the sharding is
-trainer.batch_sharding, the same prefix the jitted step declares).
+For everything that builds a batch without the loop's buffer: the compile check's abstract inputs and the train
+benchmarks' random batches. The fields every batch holds (not the optional ones); the sharding is
+trainer.batch_sharding, the same prefix the jitted step declares.
 """
 from typing import Mapping, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from oapl_jax.objectives.batch_fields import FIELDS
 from oapl_jax.parallel import Layout
 from oapl_jax.rl import trainer
-
-# name -> (dtype, per-sequence: [B, G, T] if True else [B, G])
-FIELDS = {"tokens": (jnp.int32, True), "targets": (jnp.int32, True), "positions": (jnp.int32, True),
-          "response_mask": (jnp.float32, True), "sampler_token_logp": (jnp.float32, True),
-          "rewards": (jnp.float32, False)}
 
 
 def train_batch(batch_prompts: int, group_size: int, seq_len: int, layout: Optional[Layout] = None,
@@ -27,9 +22,8 @@ def train_batch(batch_prompts: int, group_size: int, seq_len: int, layout: Optio
   """{name: ShapeDtypeStruct} of one [B, G, T] train batch; with `layout`, each sharded as the step expects it
   (trainer.batch_sharding(layout, num_prompts); num_prompts None: assume the batch axes divide B)."""
   sharding = None if layout is None else trainer.batch_sharding(layout, num_prompts)
-  shape = (batch_prompts, group_size, seq_len)
-  return {name: jax.ShapeDtypeStruct(shape if per_position else shape[:2], dtype, sharding=sharding)
-          for name, (dtype, per_position) in FIELDS.items()}
+  return {name: jax.ShapeDtypeStruct(field.shape(batch_prompts, group_size, seq_len), field.dtype, sharding=sharding)
+          for name, field in FIELDS.items() if not field.optional}
 
 
 def put(batch: Mapping, spec: Mapping) -> dict:
