@@ -1,5 +1,5 @@
 """Compile the run's train step and sampler ahead of time for a named TPU slice (libtpu on this host, no TPU):
-memory per chip against HBM, FLOPs and a step-time estimate (oapl_jax/compile_check.py).
+memory per chip against HBM, FLOPs and a step-time estimate (oapl_jax/run/compile_check.py).
 
   python -m oapl_jax.apps.compile_check --config configs/math.py --topology v5p-64
   python -m oapl_jax.apps.compile_check --config configs/math.py --topology 2xv5litepod-256 '--config.mesh.trainer_dcn=(2,1,1)'
@@ -57,7 +57,7 @@ def format_report(report: cc.Report) -> str:
     mfu = f["model"] / (report.trainer_devices * report.peak_flops * report.step_seconds)
     lines += ["", "host<->chip: GiB per chip moved between HBM and pinned host memory per call, both ways (the train "
               "step: per optimizer step)", "XLA FLOPs: per chip, XLA's cost analysis, every loop body counted once "
-              "(not per step; oapl_jax/compile_check.py says why)",
+              "(not per step; oapl_jax/run/compile_check.py says why)",
               f"train step FLOPs: model {f['model']:.3e} (6*N*tokens + 12*L*H*D*T^2*seqs, N={f['matmul_weights']:.3e}), "
               f"executed {f['executed']:.3e}; XLA cost analysis x {report.trainer_devices} chips {xla:.3e}",
               f"estimated step time {report.step_seconds:.2f} s = executed FLOPs at {100 * report.mfu:.0f}% of "
