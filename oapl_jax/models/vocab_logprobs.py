@@ -14,6 +14,10 @@ transpose. Autodiff through `jax.checkpoint` does the same matmuls but many more
 (logsumexp's max, exp and sum again, the gather's scatter, the adds): at Qwen's 151,936 words those passes
 were about 15% of a train step's op time on CPU (a profile at Qwen3-0.6B width).
 
+The plan of chunks (which of each row shard's tokens run in which chunk or tail, and whether the backward
+recomputes) is models/vocab_chunks.py; `token_logprobs` makes it, runs it (`_run`) and puts the outputs back at
+the batch's positions.
+
 With recompute=False (models/execution.Execution.logprob_recompute) the forward keeps, instead of the logits,
 exp(z - max z) with its sum subtracted at the target: the log-probs' cotangent up to that per-position factor.
 The backward is then the two matmuls alone, the factor applied to their [R, C, E] side: one matmul and every
@@ -30,15 +34,10 @@ import jax
 import jax.numpy as jnp
 from jax import custom_derivatives
 
-from oapl_jax import parallel
-
-
-# With a needed-positions mask, the kept path runs up to this many whole chunks, and the tails, as pieces of one call
-# (_kept_pieces) instead of a map over the chunks. Under a map, every chunk's kept block is written into a zero-filled
-# stacked output and sliced out again for the backward: at train_bench's 2 x 4 x 256 (Qwen3-0.6B width, 2 chunks and a
-# tail run) the log-probs' forward and backward took 6.76 vs 6.46 s, and XLA's temporaries 2.84 vs 2.36 GiB with the
-# pieces' weight gradients summed one by one. (Without a mask no piece is skipped, and XLA summed them all at once.)
-UNROLLED_KEPT_CHUNKS = 8
+from oapl_jax.models import vocab_chunks
+# the plan's host counts, named here by their callers (compile_check, the benchmarks, the tests)
+from oapl_jax.models.vocab_chunks import (  # noqa: F401
+    chunk_plan, kept_block_bytes, projected_tokens, recomputes, tail_sizes)
 
 
 def _scaled(logits_RxCxV, temperature: float):
@@ -220,45 +219,26 @@ def chunk_logprobs(project: Callable, w, h_RxCxE, targets_RxC, temperature: floa
   return (logp_RxC, entropy_RxC) if with_entropy else logp_RxC
 
 
-def chunk_plan(tokens: int, budget: int) -> tuple[int, int]:
-  """(chunks, tokens per chunk): `tokens` in as few nearly equal chunks of <= budget as there can be."""
-  chunks = -(-tokens // budget)
-  return chunks, -(-tokens // chunks)
 
 
-def tail_sizes(chunk: int, levels: int) -> tuple[int, ...]:
-  """The smaller chunks that stand in for a partly needed last chunk, largest first: unit x 2^j for j < levels,
-  unit = ceil(chunk / 2^levels), those below `chunk`. Any count of needed tokens short of a whole chunk is
-  covered, rounded up to a unit, by one subset of them."""
-  unit = -(-chunk // 2**levels)
-  return tuple(unit << j for j in reversed(range(levels)) if unit << j < chunk)
+def _run(plan: vocab_chunks.ChunkPlan, schedule: vocab_chunks.Schedule, project, w, hidden_BxTxE, targets_BxT,
+         temperature: float, with_entropy: bool):
+  """The plan's whole chunks (a map over them, or with kept blocks the pieces of one call) and its tails: the
+  chunks' outputs [K, S, C] and each tail's [S, size] (pytrees: (logp, entropy) with `with_entropy`)."""
+  chunks, tails = vocab_chunks.pieces(plan, schedule, hidden_BxTxE, targets_BxT)
 
+  def one_chunk(h_SxCxE, targets_SxC, live):
+    return chunk_logprobs(project, w, h_SxCxE, targets_SxC, temperature=temperature, with_entropy=with_entropy,
+                          recompute=plan.recompute, live=live)
 
-def kept_block_bytes(tokens: int, chunk_tokens: int, tail_levels: int, vocab: int, needed_mask: bool = True) -> int:
-  """Bytes per device of the float32 blocks the forward keeps when the backward reuses them (recompute=False): every
-  chunk's [C, V] (and, with a needed-positions mask, every tail's), live or not, for a row shard of `tokens`."""
-  chunks, chunk = chunk_plan(tokens, chunk_tokens)
-  tails = tail_sizes(chunk, tail_levels) if needed_mask else ()
-  return 4 * vocab * (chunks * chunk + sum(tails))
-
-
-def recomputes(recompute: bool, keep_bytes: int, tokens: int, chunk_tokens: int, tail_levels: int, vocab: int,
-               needed_mask: bool = True) -> bool:
-  """Whether the backward recomputes the logits: recompute=False never does; recompute=True does unless the kept
-  blocks (kept_block_bytes) fit in `keep_bytes` (models/execution.Execution.logprob_keep_bytes)."""
-  return recompute and kept_block_bytes(tokens, chunk_tokens, tail_levels, vocab, needed_mask) > keep_bytes
-
-
-def projected_tokens(needed: int, tokens: int, chunk_tokens: int, tail_levels: int) -> int:
-  """How many tokens a row shard of `tokens` positions, `needed` of them read, runs through the projection
-  (token_logprobs' plan, on the host: for FLOP counts)."""
-  chunks, chunk = chunk_plan(tokens, chunk_tokens)
-  tails = tail_sizes(chunk, tail_levels)
-  if not tails:
-    return min(chunks, -(-needed // chunk)) * chunk
-  whole, rest = divmod(needed, chunk)
-  by_units = -(-rest // tails[-1]) * tails[-1]
-  return whole * chunk + (by_units if by_units < chunk else chunk)
+  if not plan.unrolled:
+    return jax.lax.map(lambda xs: one_chunk(*xs), chunks), [one_chunk(*piece) for piece in tails]
+  # each kept block its own buffer: no stacked output to zero-fill, write into and slice again
+  K = plan.chunks
+  pieces = [tuple(x[k] for x in chunks) for k in range(K)] + tails
+  outs = _kept_pieces(project, float(temperature), bool(with_entropy), w, *zip(*pieces))
+  outs = [o if with_entropy else o[0] for o in outs]
+  return jax.tree.map(lambda *x_K: jnp.stack(x_K), *outs[:K]), outs[K:]
 
 
 def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=None, *, chunk_tokens: int,
@@ -277,70 +257,10 @@ def token_logprobs(project: Callable, w, hidden_BxTxE, targets_BxT, needed_BxT=N
   or run chunk per level (each run chunk sums one more [V, E] weight gradient). With `recompute`, the backward
   still reuses kept blocks when all of them take at most `keep_bytes` per device (`recomputes`).
   """
-  B, T, E = hidden_BxTxE.shape
-  ctx = parallel.current_context()
-  S = parallel.axis_size(*ctx, "activation_batch") if ctx else 1
-  S = S if B % S == 0 else 1
-  N = B // S * T  # tokens per row shard: rows are sharded in contiguous blocks
-  K, C = chunk_plan(N, chunk_tokens)
-  if recompute and keep_bytes:
-    vocab = jax.eval_shape(project, w, hidden_BxTxE[:1, :1]).shape[-1]
-    recompute = recomputes(recompute, keep_bytes, N, chunk_tokens, tail_levels, vocab, needed_BxT is not None)
-  h_SxNxE, targets_SxN = hidden_BxTxE.reshape(S, N, E), targets_BxT.reshape(S, N)
-  tails, live_K = (), None
-  if needed_BxT is not None:
-    needed_SxN = needed_BxT.reshape(S, N).astype(bool)
-    order_SxN = jnp.argsort(~needed_SxN, axis=1, stable=True)  # needed first, each group in its order
-    unorder_SxN = jnp.argsort(order_SxN, axis=1)  # the inverse permutation, for the outputs
-    h_SxNxE = jnp.take_along_axis(h_SxNxE, order_SxN[..., None], axis=1)
-    targets_SxN = jnp.take_along_axis(targets_SxN, order_SxN, axis=1)
-    need = jnp.max(jnp.sum(needed_SxN, axis=1))  # the fullest shard's needed tokens, all at the front
-    live_K = jnp.arange(K) * C < need
-    tails = tail_sizes(C, tail_levels)
-  if tails:  # whole chunks up to `need`; the rest of it in tails (their units' bits), or in one more whole chunk
-    unit, whole = tails[-1], need // C
-    units = -(-(need % C) // unit)
-    by_tails = units * unit < C
-    live_K = (jnp.arange(K) < whole) | ((jnp.arange(K) == whole) & ~by_tails)
-
-  def shard_constrained(x_SxMx_, lead=()):
-    spec = lead + ("activation_batch",) + (None,) * (x_SxMx_.ndim - len(lead) - 1)
-    return parallel.constrain_where_divisible(x_SxMx_, spec)
-
-  def to_chunks(x_SxPx_):  # [S, K * C, ...] -> [K, S, C, ...]
-    x = jnp.swapaxes(x_SxPx_.reshape(S, K, C, *x_SxPx_.shape[2:]), 0, 1)
-    return shard_constrained(x, lead=(None,))
-
-  def one_chunk(h_SxCxE, targets_SxC, live):
-    return chunk_logprobs(project, w, h_SxCxE, targets_SxC, temperature=temperature, with_entropy=with_entropy,
-                          recompute=recompute, live=live)
-
-  pad = lambda x: jnp.pad(x, ((0, 0), (0, K * C - N)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
-  h_SxPxE, targets_SxP = pad(h_SxNxE), pad(targets_SxN)
-  chunks = (to_chunks(h_SxPxE), to_chunks(targets_SxP), live_K)
-  tail_pieces = []  # (start, h, targets, live): each at its place after the whole chunks and the larger tails that run
-  for size in tails:
-    bit = size // unit
-    start = whole * C + (units & ~(2 * bit - 1)) * unit
-    take = lambda x: shard_constrained(jax.lax.dynamic_slice_in_dim(x, start, size, axis=1))  # noqa: E731
-    tail_pieces.append((start, take(h_SxPxE), take(targets_SxP), by_tails & (units & bit > 0)))
-  if recompute or K > UNROLLED_KEPT_CHUNKS or live_K is None:
-    out = jax.lax.map(lambda xs: one_chunk(*xs), chunks)
-    tail_outs = [one_chunk(*piece[1:]) for piece in tail_pieces]
-  else:  # each kept block its own buffer: no stacked output to zero-fill, write into and slice again
-    pieces = [tuple(None if x is None else x[k] for x in chunks) for k in range(K)] + [p[1:] for p in tail_pieces]
-    outs = _kept_pieces(project, float(temperature), bool(with_entropy), w, *zip(*pieces))
-    outs = [o if with_entropy else o[0] for o in outs]
-    out, tail_outs = jax.tree.map(lambda *x_K: jnp.stack(x_K), *outs[:K]), outs[K:]
-  out = jax.tree.map(lambda x_KxSxC: jnp.swapaxes(x_KxSxC, 0, 1).reshape(S, K * C), out)
-  for (start, *_), tail in zip(tail_pieces, tail_outs):
-    out = jax.tree.map(lambda o, t: o + jax.lax.dynamic_update_slice_in_dim(jnp.zeros_like(o), t, start, 1),
-                       out, tail)
-
-  def unchunked(x_SxP):
-    x_SxN = x_SxP[:, :N]
-    if needed_BxT is not None:  # back to the original order; positions not needed are 0
-      x_SxN = jnp.where(needed_SxN, jnp.take_along_axis(x_SxN, unorder_SxN, axis=1), 0.0)
-    return x_SxN.reshape(B, T)
-
-  return jax.tree.map(unchunked, out)
+  B, T, _ = hidden_BxTxE.shape
+  vocab = lambda: jax.eval_shape(project, w, hidden_BxTxE[:1, :1]).shape[-1]  # noqa: E731
+  plan = vocab_chunks.make_plan(B, T, vocab_chunks.row_shards(B), chunk_tokens, tail_levels, needed_BxT is not None,
+                                recompute, keep_bytes, vocab)
+  schedule = vocab_chunks.make_schedule(plan, needed_BxT)
+  out_KxSxC, tail_outs = _run(plan, schedule, project, w, hidden_BxTxE, targets_BxT, temperature, with_entropy)
+  return jax.tree.map(lambda o, *tails: vocab_chunks.joined(plan, schedule, o, tails), out_KxSxC, *tail_outs)
