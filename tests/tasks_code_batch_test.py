@@ -16,15 +16,21 @@ COLLUDER = fenced("import os\nif os.path.exists('tmp/helper.py'):\n  exec(open('
                   "else:\n  a, b = map(int, input().split())\n  print(a + b + 1)")
 HELPER = "a, b = map(int, input().split()); print(a + b)"
 LEAVES_FILE = fenced(f"open('tmp/helper.py', 'w').write({HELPER!r})\nprint(0)")
+# The file is whole whenever it exists (written aside, then renamed): a reader never sees it half-written, so the
+# control below cannot fail on a torn read.
 LEAVES_DAEMON = fenced(f"""
 import os, time
+def leave():
+  os.makedirs('tmp', exist_ok=True)
+  open('tmp/.helper', 'w').write({HELPER!r})
+  os.replace('tmp/.helper', 'tmp/helper.py')
+leave()
 if os.fork() == 0:  # its own process group, and it writes the file again every millisecond for 5 s
   os.setpgid(0, 0)
   end = time.monotonic() + 5
   while time.monotonic() < end:
     try:
-      os.makedirs('tmp', exist_ok=True)
-      open('tmp/helper.py', 'w').write({HELPER!r})
+      leave()
     except OSError:
       pass
     time.sleep(0.001)
