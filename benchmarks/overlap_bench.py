@@ -24,6 +24,8 @@ import time
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from oapl_jax import fake_devices  # noqa: E402  (imports nothing of JAX)
+fake_devices.make_room_for_collectives()
 
 from oapl_jax.run import assemble, files  # noqa: E402
 from oapl_jax.rl import loop  # noqa: E402

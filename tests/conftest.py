@@ -1,17 +1,21 @@
 """Test set-up: 8 fake CPU devices, set before JAX initialises its backends."""
 import os
 
+from oapl_jax import fake_devices  # imports nothing of JAX
+
 # LLVM's optimizer off (--xla_backend_optimization_level=0): the same HLO and IEEE float semantics, about
 # 30% less compile time, which is most of this suite. Speed is measured in oapl_jax/benchmarks/, never here.
-# The 8 fake devices are threads of one process; XLA:CPU aborts the process when a collective's threads have not all
-# met within 40 s, which an oversubscribed 2-core machine (two test workers beside other work) reaches: the
-# timeouts go to 10 minutes (a real hang still ends, with the abort's message).
+# The 8 fake devices are threads of one process. XLA:CPU aborts the process when a collective's threads have not
+# all met within its timeout; 120 s leaves room for an oversubscribed 2-core machine (two test workers beside other
+# work) and ends a real hang soon, with the abort's message. The collectives' own deadlock on too few threads is
+# prevented below (oapl_jax/fake_devices.py).
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    + " --xla_cpu_collective_call_terminate_timeout_seconds=600 --xla_cpu_collective_timeout_seconds=600"
-    + " --xla_cpu_collective_call_warn_stuck_timeout_seconds=120"
+    + " --xla_cpu_collective_call_terminate_timeout_seconds=120 --xla_cpu_collective_timeout_seconds=120"
+    + " --xla_cpu_collective_call_warn_stuck_timeout_seconds=30"
 ).strip()
+fake_devices.make_room_for_collectives()  # PJRT_NPROC: the suite's processes and the commands it starts
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA's compiled programs kept on disk (.jax_test_cache/, shared by the xdist workers and by the commands tests
 # start, which inherit these): most of this suite's time was compiling the same tiny programs again (a loop test's

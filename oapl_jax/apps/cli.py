@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from oapl_jax import tpu_host
+from oapl_jax import fake_devices, tpu_host
 
 
 def skip_absent_tpu() -> None:
@@ -52,12 +52,13 @@ def import_from_working_directory() -> None:
 
 def prepare_host() -> None:
   """Every entry point's first call, before JAX starts: import_from_working_directory(), quiet_native_logs(),
-  skip_absent_tpu(), then, where JAX will run on the CPU only, keep freed host memory for reuse
-  (oapl_jax/host_memory.py: a train step at Qwen3-0.6B width runs ~17% faster on a 2-core VM; resident memory
-  stays near its peak)."""
+  skip_absent_tpu(), enough XLA:CPU threads for fake devices' collectives (oapl_jax/fake_devices.py), then,
+  where JAX will run on the CPU only, keep freed host memory for reuse (oapl_jax/host_memory.py: a train step
+  at Qwen3-0.6B width runs ~17% faster on a 2-core VM; resident memory stays near its peak)."""
   import_from_working_directory()
   skip_absent_tpu()
   quiet_native_logs()
+  fake_devices.make_room_for_collectives()
   if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
     from oapl_jax import host_memory  # pylint: disable=import-outside-toplevel
     host_memory.keep_freed_memory()
