@@ -93,6 +93,17 @@ def test_serve_builds_an_engine_on_the_saved_params(run_path, saved_run, dtype):
     engine.check_prompt_text("what is 1+1?")
 
 
+def test_serve_without_its_extra_says_which_to_install_in_one_line():
+  """JetStream is the `serve` extra (it brings TensorFlow): oapl-serve without it is one line and exit 2."""
+  hide = "import sys, runpy; sys.modules['jetstream'] = None; sys.argv = ['oapl-serve', '--help']; " \
+         "runpy.run_module('oapl_jax.apps.serve', run_name='__main__')"
+  out = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 2 and out.stdout == ""
+  assert out.stderr.strip().splitlines() == ["error: oapl-serve needs JetStream, the package's `serve` extra (it "
+                                             "brings TensorFlow, ~2 GB): pip install -e '.[serve]'"]
+
+
 @pytest.mark.slow
 def test_installed_commands_on_the_readmes_own_task_from_the_repo_root(tmp_path):
   """oapl-train, oapl-eval and oapl-export by their installed names (sys.path[0] is their bin/, not the

@@ -11,6 +11,7 @@ Clients speak JetStream's `Orchestrator.Decode`; every request is checked before
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import signal
 import sys
@@ -19,6 +20,10 @@ from typing import Optional, Sequence
 from oapl_jax.apps import cli
 
 cli.prepare_host()
+if importlib.util.find_spec("jetstream") is None:  # an extra: the main job does not need it
+  print("error: oapl-serve needs JetStream, the package's `serve` extra (it brings TensorFlow, ~2 GB): "
+        "pip install -e '.[serve]'", file=sys.stderr)
+  sys.exit(2)
 
 import jax  # noqa: E402
 
