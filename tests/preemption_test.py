@@ -13,7 +13,7 @@ import time
 import pytest
 
 from oapl_jax import checkpoint_files
-from oapl_jax.rl import loop
+from oapl_jax.rl import loop, preemption
 from oapl_jax.run import assemble
 from tests.loop_test import tiny_config
 
@@ -155,3 +155,68 @@ def test_the_command_saves_and_exits_cleanly_on_a_signal(tmp_path, signum, code)
   assert 5 < saved <= 10 and not summary["finished"]
   assert (tmp_path / "checkpoints" / str(saved) / "commit_success.txt").exists()
   assert not (tmp_path / "run.lock").read_text()  # released: the next run takes it without a word
+
+
+# A stop while the sampler works (sampler/api.Interrupted): the window's eval or a chunk is cut at the sampler's
+# next piece of work, the trainer stops before a step that would wait for it, and the resume makes it again.
+def _every_window_evaluated():
+  c = _config()
+  c.loop.eval_every_syncs = 1  # an eval at steps 0 and 5
+  c.checkpoint.every_syncs = 2  # no checkpoint at step 5 (a stop there saves the window's start)
+  return c
+
+
+@pytest.fixture(scope="module")
+def full_evaluated(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("full_evaluated"))
+  loop.train(assemble.setup(_every_window_evaluated(), workdir))
+  return workdir
+
+
+def _stop_in_sampler(run, stop, *, eval_step=None, chunk_call=None):
+  """Asks `stop` for a stop (what SIGTERM's handler does) as the eval at `eval_step` starts, or as the sampler
+  starts its `chunk_call`-th rollout chunk (0-based, over the run)."""
+  evaluate, generate, chunks = run.evaluate, run.sampler.generate, []
+
+  def evaluate_after_stop(params, **where):
+    if where.get("step") == eval_step:
+      stop.request("SIGTERM")
+    return evaluate(params, **where)
+
+  def generate_after_stop(*args, **kw):
+    if kw.get("params") is None:  # a rollout chunk (an eval passes its params)
+      if len(chunks) == chunk_call:
+        stop.request("SIGTERM")
+      chunks.append(1)
+    return generate(*args, **kw)
+  run.evaluate, run.sampler.generate = evaluate_after_stop, generate_after_stop
+  return run
+
+
+@pytest.mark.parametrize("eval_step", [0, 5])
+def test_a_stop_in_a_window_eval_cuts_it_and_the_resume_runs_it(tmp_path, full_evaluated, eval_step):
+  stopped, stop = str(tmp_path / "stopped"), preemption.StopFlag()
+  run = _stop_in_sampler(assemble.setup(_every_window_evaluated(), stopped), stop, eval_step=eval_step)
+  summary = loop.train(run, stop=stop)
+  assert (summary["stopped_by"], summary["trainer_steps"]) == ("SIGTERM", eval_step)  # no step after the cut
+  assert summary["cut"] == f"the eval at step {eval_step}" and not summary["finished"]
+  assert not [k for step, k, _ in _values(stopped) if step == eval_step and k.startswith("eval/")]
+  step_dirs = checkpoint_files.step_dirs(checkpoint_files.absolute(os.path.join(stopped, "checkpoints")))[0]
+  assert sorted(step_dirs) == ([5] if eval_step else [])  # the window's start (not a checkpoint step of its own)
+  if eval_step:
+    meta = checkpoint_files.read_meta(step_dirs[5], 5)
+    assert (meta.syncs_done, meta.window_steps_done) == (1, 0)
+
+  summary = loop.train(assemble.setup(_every_window_evaluated(), stopped))
+  assert summary["finished"] and "cut" not in summary
+  assert _values(stopped) == _values(full_evaluated)  # the cut eval ran again, and nothing twice
+
+
+def test_a_stop_while_a_chunk_is_made_stops_inside_the_window_and_resumes_equal(tmp_path, full_evaluated):
+  stopped, stop = str(tmp_path / "stopped"), preemption.StopFlag()
+  run = _stop_in_sampler(assemble.setup(_every_window_evaluated(), stopped), stop, chunk_call=3)  # window 2's 2nd
+  summary = loop.train(run, stop=stop)
+  assert summary["stopped_by"] == "SIGTERM" and summary["cut"] == "the rollouts of window 2, chunk 1"
+  assert 5 <= summary["trainer_steps"] < 8  # steps 8 and 9 would draw chunk 1
+  loop.train(assemble.setup(_every_window_evaluated(), stopped))
+  assert _values(stopped) == _values(full_evaluated)

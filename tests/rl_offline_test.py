@@ -12,7 +12,7 @@ from oapl_jax import parallel
 from oapl_jax.models import api
 from oapl_jax.models.families import preset
 from oapl_jax import sections
-from oapl_jax.rl import offline, trainer
+from oapl_jax.rl import offline, preemption, trainer
 from oapl_jax.run import assemble
 from oapl_jax.rl.buffer import RolloutBuffer, pack_groups
 from oapl_jax.rl.rollout_store import RolloutStore, StoreHeader, take_groups
@@ -187,3 +187,39 @@ def test_two_stages_chained_from_the_smoke_config(tmp_path):
   again = offline.run_stages(assemble.setup(c, str(tmp_path)), str(tmp_path))  # every stage trained: evaluates the final policy only
   assert again["trainer_steps"] == 2 and "stage 1/steps" not in again
   assert again["eval/held_out/pass@1 after stage 2"] == summary["eval/held_out/pass@1 after stage 2"]
+
+
+def _two_stages():
+  c = importlib.import_module("configs.code").get_config("smoke")
+  c.task.update(num_train=16, num_held_out=4)
+  c.model.overrides.update(hidden_size=32, intermediate_size=64, num_layers=1)
+  c.warmstart.steps = 0
+  c.sampler.backend = "scripted"  # the stop's bookkeeping does not depend on decoding
+  c.eval.update(num_prompts=4, samples=2, ks=(1, 2), max_new_tokens=8)
+  c.sampler.update(max_new_tokens=8, num_slots=16)
+  c.offline.update(prompts=(8, 4), epochs=(1, 2), chunk_prompts=4, drop_all_wrong=False)
+  return c
+
+
+@pytest.mark.parametrize("cut_call, cut", [(0, "the eval after stage 0"), (2, None)])  # the first eval; stage 1's 2nd chunk
+def test_a_stop_in_an_eval_or_a_chunk_cuts_it_and_the_same_command_goes_on_equal(tmp_path, cut_call, cut):
+  """A stop asked for inside the sampler's `cut_call`-th generate call (0: the eval before stage 1; 1, 2: stage 1's
+  chunks) ends that call (sampler/api.Interrupted); running the stages again gives the uninterrupted summary."""
+  full = offline.run_stages(assemble.setup(_two_stages(), str(tmp_path / "full")), str(tmp_path / "full"))
+  run, stop, calls = assemble.setup(_two_stages(), str(tmp_path / "cut")), preemption.StopFlag(), []
+  generate = run.sampler.generate
+
+  def generate_after_stop(*args, **kw):
+    if len(calls) == cut_call:
+      stop.request("SIGTERM")
+    calls.append(1)
+    return generate(*args, **kw)
+  run.sampler.generate = generate_after_stop
+  stopped = offline.run_stages(run, str(tmp_path / "cut"), stop)
+  assert stopped["stopped_by"] == "SIGTERM" and stopped.get("cut") == cut and "stage 1/steps" not in stopped
+  if cut is None:  # the chunk before the cut one is kept
+    assert RolloutStore.open(offline.stage_dir(str(tmp_path / "cut"), 1)).num_complete == 1
+  again = offline.run_stages(assemble.setup(_two_stages(), str(tmp_path / "cut")), str(tmp_path / "cut"))
+  assert "stopped_by" not in again and "cut" not in again
+  results = lambda s: {k: v for k, v in s.items() if "pass@" in k or k.endswith(("/steps", "trainer_steps"))}  # noqa: E731
+  assert results(again) == results(full) and len(results(full)) >= 8

@@ -350,3 +350,19 @@ def test_scoring_memory_is_bounded_by_the_chunk_not_by_rows_times_positions():
   temp_4, temp_16 = temp(4), temp(16)
   assert temp_4 > block  # the block is really in the measure
   assert temp_16 - temp_4 < block / 2, (temp_4, temp_16)
+
+
+def test_an_interrupt_ends_generate_between_decode_visits_and_leaves_the_sampler_whole(sampler):
+  """`interrupt` is asked before every visit to the decode loop: True ends the call with Interrupted (here at
+  its second visit of three), and the next call, uninterrupted, gives what it gives alone."""
+  want = _generate(sampler, None, PROMPTS, 3, seed=11, max_new_tokens=12)
+  asked = []
+  sampler.interrupt = lambda: asked.append(1) or len(asked) > 1
+  try:
+    with pytest.raises(sampler_api.Interrupted):
+      _generate(sampler, None, PROMPTS, 3, seed=11, max_new_tokens=12)
+  finally:
+    sampler.interrupt = None
+  assert len(asked) == 2 and want.num_decode_calls == 3
+  got = _generate(sampler, None, PROMPTS, 3, seed=11, max_new_tokens=12)
+  np.testing.assert_array_equal(got.response_tokens, want.response_tokens)

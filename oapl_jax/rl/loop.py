@@ -38,6 +38,7 @@ from oapl_jax.rl.rollout_worker import RolloutWorker, Window
 from oapl_jax.rl.schedule import WindowSchedule
 from oapl_jax.rl.demo_mix import DemoMixer
 from oapl_jax.rl.windows import StepHook, WindowPolicy
+from oapl_jax.sampler import api as sampler_api
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,7 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
   run.reporter.phases.start()
   worker.start()
   at = _Position.of(run)
+  run.sampler.interrupt = stop.cuts_work  # an eval or a chunk in flight ends at a signal (one process)
   try:
     if at.resume_at:
       _restore_snapshot(run, at.restored_step)
@@ -145,8 +147,10 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
       logging.warning("stopped by %s after trainer step %d; resume with the same command", stop.signal_name, at.step0)
     summary = _finish(run, at.step0, stop)
     stopped = stop.signal_name and (at.step0 < run.settings.total_steps or "final_eval" in summary)
-    return {**summary, **({"stopped_by": stop.signal_name} if stopped else {})}
+    return {**summary, **({"stopped_by": stop.signal_name} if stopped else {}), **({"cut": worker.cut} if
+                                                                                   worker.cut else {})}
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
+    run.sampler.interrupt = None
     run.reporter.phases.stop()
     stop.uninstall()
     worker.stop()
@@ -196,6 +200,7 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
   """The window's trainer steps from `at.resume_at`, each logged while the next runs; how they ended."""
   pending, last_fetch, ended, stopping = None, time.perf_counter(), False, False
   base_key = jax.random.PRNGKey(run.settings.seed)
+  done = at.resume_at  # the window's steps dispatched so far
   for s in range(at.resume_at, length):
     step = at.step0 + s
     worker.produce(run.schedule.chunks_visible(s))  # inline rollouts only: the chunks this step may draw
@@ -203,13 +208,22 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
     if probing and pending is not None:  # its metrics first, and the probe's time is no step's
       ended, stopping = _or(_finish_step(run, *pending, last_fetch), ended, stopping)
       pending = None
-    for hook in run.hooks:
-      with _timed(run, hook.phase):
-        hook.before_step(step, s, run.state)
+    try:
+      for hook in run.hooks:
+        with _timed(run, hook.phase):
+          hook.before_step(step, s, run.state)
+    except sampler_api.Interrupted:  # a stop cut the probe: step s is the resume's
+      logging.warning("the policy probe at step %d cut by the stop (the resume runs it again)", step)
+      stopping = True
+      break
     if probing:
       run.reporter.scalars(step, run.reporter.phases.marks())
       last_fetch = time.perf_counter()
-    batch, extra, reuse_mean = _draw(run, worker, step, s)
+    drawn = _draw(run, worker, step, s)
+    if drawn is None:  # a stop cut the sampler's eval or the chunk this step needs: step s is the resume's
+      stopping = True
+      break
+    batch, extra, reuse_mean = drawn
     with _timed(run, "train step: dispatch"):
       run.state, metrics = run.train_step(run.state, batch, jax.random.fold_in(base_key, step))
     if pending is not None:
@@ -217,23 +231,26 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
       last_fetch = time.perf_counter()
     pending = (step, metrics, {**extra, "buffer/groups": run.buffer.num_groups(), "buffer/reuse_mean": reuse_mean},
                stop.vote())  # the buffer's size as the step runs (how far the sampler is ahead)
+    done = s + 1
     _log_worker_stats(run, worker, at.restored_step)
     run.reporter.tick(step + 1, at.step0 + length)
     if ended or stopping:  # the step before this one ended the window (the policy's refresh now), or a stop
       break
-  ended_last, stop_last = _finish_step(run, *pending, last_fetch)
-  return _WindowEnd(s + 1, ended, ended_last, stopping or stop_last)
+  ended_last, stop_last = _finish_step(run, *pending, last_fetch) if pending is not None else (False, False)
+  return _WindowEnd(done, ended, ended_last, stopping or stop_last)
 
 
-def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> tuple[dict, dict, float]:
+def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> Optional[tuple[dict, dict, float]]:
   """Step s of the window's batch (this host's rows) from the chunks it may see, its lag and wait, and how often
-  its groups had been drawn."""
+  its groups had been drawn; None where a stop cut the work it waited for."""
   wait_start = time.perf_counter()
   with _timed(run, "waiting for samples"):
     batch = run.buffer.sample(run.settings.batch_prompts, run.schedule.chunks_visible(s),
                               np.random.default_rng([run.settings.seed, step]), rows=run.batch_rows)
   if batch is None:
     worker.wait_window()  # raises the worker's error, if that is why the buffer closed
+    if worker.cut:
+      return None
     raise RuntimeError("the rollout buffer was closed while the trainer waited for data")
   waited = time.perf_counter() - wait_start
   reuse = batch.pop("reuse")
@@ -255,10 +272,15 @@ def _end_window(run: Online, worker: RolloutWorker, at: _Position, length: int, 
     worker.wait_window(cut=done < run.schedule.sync_every)
   _log_worker_stats(run, worker, at.restored_step)
   end_step, seed = at.step0 + done, run.settings.seed
+  if done == 0:  # stopped before the window's first step (its eval or first chunk cut): the resume starts it again
+    if end_step and run.checkpointer.latest_step() != end_step:
+      _save(run, end_step, run.meta)  # the window's start, as the last window's end left it
+    return False
   if done < length and not end.ended:  # stopped inside the window: save it as it stands
     run.meta = checkpoint_files.Meta(at.sync, run.sampler.snapshot_version, run.meta.data_position, seed,
                                      window_steps_done=done, drift_seen=int(end.ended_last))
-    _save(run, end_step, run.meta, sampler=run.sampler.params)
+    if run.checkpointer.latest_step() != end_step:  # else resumed here and stopped again before a new step
+      _save(run, end_step, run.meta, sampler=run.sampler.params)
     at.step0 = end_step
     return False
   run.meta = checkpoint_files.Meta(at.sync + 1, run.sampler.snapshot_version, run.meta.data_position
@@ -301,6 +323,8 @@ def _replay_draws(run: Online, worker: RolloutWorker, step0: int, steps: int) ->
     if run.buffer.sample(run.settings.batch_prompts, visible,
                          np.random.default_rng([run.settings.seed, step0 + s])) is None:
       worker.wait_window()
+      if worker.cut:  # a stop: the window's first draw finds the buffer closed too
+        return
       raise RuntimeError("the rollout buffer was closed while its draws were replayed")
 
 
@@ -370,7 +394,7 @@ def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
       with stop.interrupting(), _timed(run, "eval"):
         records = [hook.final(done_steps, run.state) for hook in run.hooks]  # e.g. the policy probe's last point
         final = _evaluate(run, done_steps)
-    except preemption.Stopped:
+    except (preemption.Stopped, sampler_api.Interrupted):
       pass
     else:
       evaluated = True

@@ -10,6 +10,9 @@ checkpoint where it stands (inside a window too: checkpoints.py) and writes its 
 (rl/warmstart.py) it saves the warm start's progress and raises Stopped out of run setup. A second signal
 gets the default action (the run ends at once, no save). Work with nothing to save (the final eval, after the
 last checkpoint) runs inside `stop.interrupting()`, where on one process the first signal raises Stopped at once.
+On one process the loop also makes `stop.cuts_work` its sampler's `interrupt`: an eval or a chunk being generated
+when the signal comes ends at the sampler's next decode visit (sampler/api.Interrupted), and is made again on
+resume.
 
 Several processes (jax.distributed) must stop after the same step, whichever of them got the signal and
 when: each step's vote is the max of every process's flag, one tiny all-reduce over the trainer's devices,
@@ -100,6 +103,21 @@ class StopFlag:
   @property
   def requested(self) -> bool:
     return self.signal_name is not None
+
+  def cuts_work(self) -> bool:
+    """Whether work in flight should end now (a sampler's `interrupt`): a signal came, on one process. With
+    several, only the agreed vote stops anything (one process leaving a program early would leave the others
+    waiting in its collectives)."""
+    return self.requested and not self._collective
+
+  @contextlib.contextmanager
+  def cutting(self, sampler):
+    """Inside, `sampler`'s generate calls end with sampler/api.Interrupted once `cuts_work` says so."""
+    sampler.interrupt = self.cuts_work
+    try:
+      yield
+    finally:
+      sampler.interrupt = None
 
   def vote(self) -> Callable[[], bool]:
     """This process's flag now, entered into the all-process max (dispatched, not waited for); calling the

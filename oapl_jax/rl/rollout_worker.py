@@ -14,6 +14,7 @@ disjoint device sets that span the same processes deadlock (measured with a two-
 side alone runs, both at once hang; see rl/loop.py).
 """
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -68,6 +69,7 @@ class RolloutWorker(threading.Thread):
     self._done = threading.Event()
     self._done.set()
     self.error: Optional[BaseException] = None
+    self.cut: Optional[str] = None  # the work a stop interrupted (sampler/api.Interrupted): no more is made
     self.inline = inline
     self._window: Optional[Window] = None  # inline: the window being produced, and its next chunk
     self._next_chunk = 0
@@ -97,6 +99,8 @@ class RolloutWorker(threading.Thread):
       while self._next_chunk < min(chunks, self.schedule.num_chunks):
         self._next_chunk += 1
         self._checked_chunk(w, self._next_chunk - 1)
+    except api.Interrupted:
+      self._interrupted(w, None if self._next_chunk == 0 else self._next_chunk - 1)
     except BaseException as e:
       self.error, self._window = e, None
       self.buffer.close()
@@ -138,6 +142,15 @@ class RolloutWorker(threading.Thread):
     with self._timed("eval"):
       self.stats.put((w.first_step, self.eval_fn(w.first_step)))
 
+  def _interrupted(self, w: Window, chunk: Optional[int]) -> None:
+    """A stop cut the window's eval (chunk None) or a chunk: nothing more is made, and the trainer, waiting or
+    next to wait for data, finds the buffer closed and `cut` set."""
+    self.cut = (f"the eval at step {w.first_step}" if chunk is None else
+                f"the rollouts of window {w.index + 1}, chunk {chunk}")
+    logging.warning("%s cut by the stop (the resume makes it again)", self.cut)
+    self._window = None
+    self.buffer.close()
+
   def _next_window(self) -> Optional[Window]:
     with self._timed("waiting for the trainer"):  # to end the window and refresh the snapshot
       return self._windows.get()
@@ -153,21 +166,28 @@ class RolloutWorker(threading.Thread):
         self._done.set()
 
   def _run_window(self, w: Window) -> None:
-    if w.evaluate:
-      self._evaluate(w)
-    for chunk in range(self.schedule.num_chunks):
-      if self.lookahead is not None:
-        with self._visible, self._timed("waiting for the trainer"):
-          self._visible.wait_for(lambda c=chunk: self._cut.is_set() or c < self._chunks_visible + self.lookahead)
-      if self._cut.is_set():
-        return
-      self._checked_chunk(w, chunk)
+    chunk = None
+    try:
+      if w.evaluate:
+        self._evaluate(w)
+      for chunk in range(self.schedule.num_chunks):
+        if self.lookahead is not None:
+          with self._visible, self._timed("waiting for the trainer"):
+            self._visible.wait_for(lambda c=chunk: self._cut.is_set() or c < self._chunks_visible + self.lookahead)
+        if self._cut.is_set():
+          return
+        self._checked_chunk(w, chunk)
+    except api.Interrupted:
+      self._interrupted(w, chunk)
+      return
     self.checks.window_end(w.index)
 
   def _checked_chunk(self, w: Window, chunk: int) -> None:
     position = self.schedule.chunk_position(w.data_position, chunk)
     try:
       self._run_chunk(w, chunk, position)
+    except api.Interrupted:
+      raise
     except Exception as e:
       raise RuntimeError(f"window {w.index} (snapshot {w.version}), chunk {chunk} of task {self.task.name!r} "
                          f"(training prompts at data positions {position}..{position + self.schedule.prompts_per_chunk - 1}"

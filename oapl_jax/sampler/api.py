@@ -13,7 +13,7 @@ run config picks one (run/assemble.build_sampler). A vLLM or SGLang-JAX backend 
 """
 import abc
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -92,13 +92,21 @@ def check_request(prompts, group_size: int, settings: SamplingSettings, *, vocab
       raise ValueError(f"stop token {t} is outside the vocabulary [0, {vocab_size})")
 
 
+class Interrupted(Exception):
+  """A generate call stopped early because the sampler's `interrupt` said so (a stop signal): what it had
+  made is dropped, and the caller's resume makes it again."""
+
+
 class GroupSampler(abc.ABC):
   """A sampling backend holding one frozen parameter snapshot and its version.
 
   Attributes every backend sets: `params` (the current snapshot, None before the first refresh),
   `snapshot_version`, `layout` (the sampler's devices), `max_prefill_length`, `max_new_tokens`,
-  `last_refresh_seconds` and `last_refresh_bytes` (the last refresh's wall time and size)."""
+  `last_refresh_seconds` and `last_refresh_bytes` (the last refresh's wall time and size).
+  `interrupt`, set by the caller (the RL loop: a stop signal on one process), is asked between a generate
+  call's pieces of work (core: each visit to the decode loop); True ends the call with Interrupted."""
 
+  interrupt: Optional[Callable[[], bool]] = None
   params: Any
   snapshot_version: int
   layout: Any
@@ -131,6 +139,11 @@ class GroupSampler(abc.ABC):
     """`group_size` responses per prompt with the sampler's own per-token log-probs. `params`: another snapshot
     (reported with snapshot_version -1); default the current one. Sample g of prompt p depends only on
     (seed, prompt_ids[p], g), never on what else is in the call (prompt_ids default 0..P-1)."""
+
+  def check_interrupt(self) -> None:
+    """Raises Interrupted where `interrupt` says to stop; a backend's generate calls it between its pieces."""
+    if self.interrupt is not None and self.interrupt():
+      raise Interrupted("a stop was asked for")
 
   @abc.abstractmethod
   def score(self, params, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],

@@ -98,6 +98,7 @@ class GroupBatcher:
 
   def run(self) -> None:
     while self.pending or any(o is not None for o in self.occupant):
+      self.sampler.check_interrupt()
       free = [s for s, o in enumerate(self.occupant) if o is None]
       if free and self.pending:
         self._start([self.pending.popleft() for _ in range(min(len(free), len(self.pending)))], free)

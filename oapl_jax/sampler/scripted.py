@@ -84,6 +84,7 @@ class ScriptedSampler(api.GroupSampler):
     out = api.RolloutGroups.empty(prompts, group_size, settings, snapshot_version=version, seed=seed)
     stops, N = set(settings.stop_tokens), settings.max_new_tokens
     for p, (prompt, pid) in enumerate(zip(prompts, prompt_ids)):
+      self.check_interrupt()
       for g in range(group_size):
         tokens = [int(t) for t in self.script(list(prompt), pid, g, np.random.default_rng([seed, pid, g, snapshot]))][:N]
         if not tokens:
