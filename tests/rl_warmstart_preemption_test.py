@@ -81,6 +81,22 @@ def test_a_stopped_warm_start_saves_and_resumes_to_the_uninterrupted_params(tmp_
   assert list(checkpoint_files.step_dirs(checkpoint_files.absolute(tmp_path / "ws"))[0]) == [STEPS]  # its end
 
 
+def test_a_stop_before_the_first_step_compiles_nothing_and_saves_nothing(tmp_path, monkeypatch):
+  """A signal during set-up (before the warm start): no step is compiled or taken, no save, Stopped."""
+  demos, params, model, layout, config = _setting()
+  made = []
+  monkeypatch.setattr(trainer, "make_train_step", lambda *a, **k: made.append(1))
+  stop, saves = preemption.StopFlag(), checkpoints.Checkpointer(str(tmp_path / "ws"), 1)
+  stop.request("SIGTERM")
+  try:
+    with pytest.raises(preemption.Stopped):
+      warmstart.warm_start(demos, params, model, layout, config, seq_len=8, seed=5, log=lambda *_: None,
+                           checkpointer=saves, stop=stop)
+  finally:
+    saves.close()
+  assert not made and not checkpoint_files.step_dirs(checkpoint_files.absolute(tmp_path / "ws"))[0]
+
+
 FLAGS = ["--config.warmstart.steps=40", "--config.warmstart.batch_size=32"]
 
 

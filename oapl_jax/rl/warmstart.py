@@ -73,6 +73,10 @@ def warm_start(examples: Sequence[Demonstration], params, model: CausalLM, layou
   train_config = trainer.TrainConfig(loss="sft", loss_settings=objectives.SFTSettings(), optim=config.optimizer())
   state = _restored(checkpointer, trainer.create_train_state(train_config, model, params, layout))
   first = int(state.step)
+  if stop is not None and first < config.steps and stop.vote()():  # a stop during set-up: before any compile
+    logging.warning("stopped by %s before warm-start step %d of %d; resume with the same command", stop.signal_name,
+                    first, config.steps)
+    raise preemption.Stopped(stop.signal_name)
   step_fn = trainer.make_train_step(train_config, model, layout)
   batches = _batches(examples, seq_len, config.batch_size, layout, seed, first)
   progress, done, stopping, voted = _Progress(config.steps, first, log), first, False, lambda: False
