@@ -145,10 +145,7 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
         break
     if stop.signal_name is not None and at.step0 < run.settings.total_steps:
       logging.warning("stopped by %s after trainer step %d; resume with the same command", stop.signal_name, at.step0)
-    summary = _finish(run, at.step0, stop)
-    stopped = stop.signal_name and (at.step0 < run.settings.total_steps or "final_eval" in summary)
-    return {**summary, **({"stopped_by": stop.signal_name} if stopped else {}), **({"cut": worker.cut} if
-                                                                                   worker.cut else {})}
+    return _finish(run, at.step0, stop, worker.cut)
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
     run.sampler.interrupt = None
     run.reporter.phases.stop()
@@ -374,9 +371,9 @@ def _reward_failures(history: list[dict]) -> int:
   return int(sum(h.get("rollout/reward_failures", 0.0) for h in history))
 
 
-def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
+def _finish(run: Online, done_steps: int, stop: preemption.StopFlag, cut: Optional[str]) -> dict:
   """Final eval of the trained policy (none once a stop was asked for: `final_eval` says so), then the PNG curve
-  and summary."""
+  and summary; `stopped_by` names the signal that left work undone, `cut` the work it interrupted."""
   finished = done_steps >= run.settings.total_steps
   if finished:
     with _timed(run, "refresh"):
@@ -409,6 +406,10 @@ def _finish(run: Online, done_steps: int, stop: preemption.StopFlag) -> dict:
   if finished and not evaluated:
     summary["final_eval"] = f"skipped: stopped by {stop.signal_name}; the same command runs it"
     logging.warning("final eval %s", summary["final_eval"])
+  if stop.signal_name and not (finished and evaluated):
+    summary["stopped_by"] = stop.signal_name
+  if cut:
+    summary["cut"] = cut
   paths = run.reporter.finish(summary, title=run.settings.title)
   summary["paths"] = {**paths, "checkpoints": run.checkpointer.directory}
   return summary
