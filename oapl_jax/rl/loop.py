@@ -371,7 +371,7 @@ def _reward_failures(history: list[dict]) -> int:
   return int(sum(h.get("rollout/reward_failures", 0.0) for h in history))
 
 
-def _finish(run: Online, done_steps: int, stop: preemption.StopFlag, cut: Optional[str]) -> dict:
+def _finish(run: Online, done_steps: int, stop: preemption.StopFlag, cut: Optional[str] = None) -> dict:
   """Final eval of the trained policy (none once a stop was asked for: `final_eval` says so), then the PNG curve
   and summary; `stopped_by` names the signal that left work undone, `cut` the work it interrupted."""
   finished = done_steps >= run.settings.total_steps
