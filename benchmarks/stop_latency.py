@@ -2,6 +2,7 @@
 
     python -m benchmarks.stop_latency                           # every phase, this tree
     python -m benchmarks.stop_latency --repo /tmp/before --phases step-0_eval periodic_eval
+    python -m benchmarks.stop_latency --set eval.samples=32       # evals 8x longer
 
 Each phase: a fresh workdir, `python -m oapl_jax.main` on configs/arithmetic.py (the real sampler, shortened: a
 60-step warm start, 4 windows of 5 steps, the snapshot evaluated at steps 0 and 10 and after step 20, 256 prompts x
@@ -37,8 +38,11 @@ PHASES = {
 UNTIMELY = ("seconds", "tokens_per_second", "buffer/groups", "compile", "wait")
 
 
+OVERRIDES: list[str] = []  # --set FIELD=VALUE: config overrides for every run
+
+
 def command(workdir: str) -> list[str]:
-  return [sys.executable, "-m", "oapl_jax.main", *ARGS, "--workdir", workdir]
+  return [sys.executable, "-m", "oapl_jax.main", *ARGS, *(f"--config.{o}" for o in OVERRIDES), "--workdir", workdir]
 
 
 def start(repo: str, workdir: str) -> subprocess.Popen:
@@ -102,8 +106,10 @@ def main():
   p.add_argument("--repo", default=os.getcwd(), help="the source tree to run (default: this one)")
   p.add_argument("--workdir", default="runs/stop_latency")
   p.add_argument("--phases", nargs="+", default=list(PHASES), choices=list(PHASES))
+  p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="config overrides for every run")
   p.add_argument("--json", help="also write the rows here")
   a = p.parse_args()
+  OVERRIDES.extend(a.set)
   repo, root = os.path.abspath(os.path.expanduser(a.repo)), os.path.abspath(os.path.expanduser(a.workdir))
   reference = os.path.join(root, "uninterrupted")
   if not os.path.exists(os.path.join(reference, "summary.json")):
