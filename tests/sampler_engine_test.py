@@ -183,7 +183,15 @@ def test_request_checks(tmp_path):
   with pytest.raises(engine_lib.InvalidRequest, match=f"{16 * per_token + 1} bytes, more than max_prefill_length=16"):
     engine.check_prompt_text("x" * (16 * per_token + 1))
   assert not calls  # refused before tokenizing (a 1 MB prompt took 14.8 s to tokenize, holding the lock)
+  # the server's transport limit sits above every valid request: the longest text and the largest ids
+  from jetstream.core.proto import jetstream_pb2 as pb
+  longest_token = max(range(len(hf_tok)), key=lambda i: len(hf_tok.decode([i]).encode()))
+  biggest = [pb.DecodeRequest(text_content=pb.DecodeRequest.TextContent(text=hf_tok.decode([longest_token]) * 16),
+                              max_tokens=NEW),
+             pb.DecodeRequest(token_content=pb.DecodeRequest.TokenContent(token_ids=[299] * 16), max_tokens=NEW)]
+  assert max(r.ByteSize() for r in biggest) <= engine.max_request_bytes < 1 << 20  # a 1 MB prompt: over it
   ids_only = engine_lib.SamplerEngine(engine.sampler.model, max_prefill_length=16)  # no tokenizer files
+  assert ids_only.max_request_bytes is None
   assert ids_only.check_prompt_text(" 3  1\n4 ") == [3, 1, 4]
   with pytest.raises(engine_lib.InvalidRequest, match=r"no tokenizer files.*\['What', 'is'"):
     ids_only.check_prompt_text("What is 1+1?")

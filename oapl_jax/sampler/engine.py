@@ -135,6 +135,15 @@ class SamplerEngine(engine_api.Engine):
       raise InvalidRequest(str(e)) from None
     return self.check_prompt_ids(token_ids)
 
+  @property
+  def max_request_bytes(self) -> Optional[int]:
+    """A size no valid request reaches: twice the longest prompt, as text (max_prefill_length tokens of the
+    vocabulary's longest) or as token ids (10 bytes each at most), plus 64 KiB. The server has gRPC refuse a
+    larger message by its length (RESOURCE_EXHAUSTED) before it is read. None with a tokenizer of ids, whose
+    text has no bound (gRPC's own 4 MiB applies)."""
+    per_token = getattr(self._tokenizer, "max_token_bytes", None)
+    return None if per_token is None else 2 * max(per_token, 10) * self.sampler.max_prefill_length + (64 << 10)
+
   def check_max_tokens(self, max_tokens: int) -> int:
     if not 1 <= max_tokens <= self.max_decode_length:
       raise InvalidRequest(f"max_tokens={max_tokens}: this server generates 1..{self.max_decode_length} tokens "

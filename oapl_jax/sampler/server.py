@@ -129,7 +129,8 @@ class Server:
     return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
   async def _start(self, engine: SamplerEngine, address: str) -> int:
-    self._grpc = grpc.aio.server()
+    bound = engine.max_request_bytes  # larger messages are refused by their length, unread
+    self._grpc = grpc.aio.server(options=[] if bound is None else [("grpc.max_receive_message_length", bound)])
     _add_to_server(CheckedOrchestrator(self.driver, engine), self._grpc)
     port = self._grpc.add_insecure_port(address)
     if not port:
