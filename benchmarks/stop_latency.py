@@ -5,8 +5,8 @@
     python -m benchmarks.stop_latency --set eval.samples=32       # evals 8x longer
 
 Each phase: a fresh workdir, `python -m oapl_jax.main` on configs/arithmetic.py (the real sampler, shortened: a
-60-step warm start, 4 windows of 5 steps, the snapshot evaluated at steps 0 and 10 and after step 20, 256 prompts x
-4 samples each), SIGTERM sent when the phase's marker line is printed (plus a delay), then the time to the
+60-step warm start, 3 windows of 20 steps, the snapshot evaluated at steps 0 and 40 and after step 60, 256 prompts x
+16 samples each), SIGTERM sent when the phase's marker line is printed (plus a delay), then the time to the
 process's exit and its exit code; then the same command again, which must finish, and its metrics.jsonl against
 an uninterrupted run's (every logged value, timing aside). `--repo`: the source tree to run (PYTHONPATH), e.g. a
 `git worktree` of an older commit, for a before/after table. A pod's grace period before SIGKILL is 30 s by
@@ -23,17 +23,18 @@ import sys
 import threading
 import time
 
-ARGS = ["--config", "configs/arithmetic.py", "--config.warmstart.steps=60", "--config.loop.num_syncs=4",
-        "--config.loop.sync_every=5", "--config.loop.eval_every_syncs=2", "--config.checkpoint.every_syncs=1"]
+ARGS = ["--config", "configs/arithmetic.py", "--config.warmstart.steps=60", "--config.loop.num_syncs=3",
+        "--config.loop.sync_every=20", "--config.loop.eval_every_syncs=2", "--config.checkpoint.every_syncs=1",
+        "--config.eval.samples=16"]
 # phase: (marker line regex, seconds after it that SIGTERM goes)
 PHASES = {
     "setup": (r"^distributed:", 0.5),
     "warm_start": (r"^warm start: step \d+/60,", 0.0),
-    "step-0_eval": (r"^warm start: step 60/60,", 2.0),  # the loop's set-up, then the eval of 1024 samples
-    "save": (r"^window 1/4 ", 0.0),  # the line is printed just before the window's checkpoint
-    "training": (r"^window 1/4 ", 1.0),  # window 2: no eval at its start
-    "periodic_eval": (r"^window 2/4 ", 0.5),  # window 3 starts with the snapshot's eval
-    "final_eval": (r"^window 4/4 ", 0.5),
+    "step-0_eval": (r"^warm start: step 60/60,", 2.0),  # the loop's set-up, then the eval of 4096 samples
+    "save": (r"^window 1/3 ", 0.0),  # the line is printed just before the window's checkpoint
+    "training": (r"^window 1/3 ", 1.5),  # inside window 2 (steps 20-39; no eval at its start)
+    "periodic_eval": (r"^window 2/3 ", 0.3),  # window 3 starts with the snapshot's eval
+    "final_eval": (r"^window 3/3 ", 0.5),
 }
 UNTIMELY = ("seconds", "tokens_per_second", "buffer/groups", "compile", "wait")
 
