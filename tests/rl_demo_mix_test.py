@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from configs import arithmetic as arithmetic_config
-from oapl_jax import parallel, sections
+from oapl_jax import objectives, parallel, sections
 from oapl_jax.models import api, decoder
 from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.rl import buffer
 from oapl_jax.rl.demo_mix import DemoMixer
-from oapl_jax.run import check, schema
+from oapl_jax.run import assemble, check, schema
 from oapl_jax.sampler import core, rollout
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks import arithmetic
@@ -112,3 +112,25 @@ def test_demonstrations_by_sft_are_refused_where_they_cannot_work(change, messag
   cfg.trainer.loss = change.get("loss", "oapl")
   with pytest.raises(sections.ConfigError, match=message):
     check.check(schema.from_config(cfg))
+
+
+@pytest.mark.parametrize("demo_use", ["sft", "buffer"])
+def test_the_assembler_adds_the_demonstrations_nll_to_the_loss_only_for_sft(demo_use):
+  """loop.demo_use='sft' wraps the trainer's loss (objectives/demo_sft.py): + weight x the demo slots' token-mean
+  NLL, hand-computed here; 'buffer' leaves the loss as it is (the demonstrations are ordinary samples)."""
+  cfg = arithmetic_config.get_config("smoke")
+  cfg.loop.update(demo_fraction=0.25, demo_use=demo_use)
+  cfg.trainer.demo_sft_weight = 0.5
+  rc = schema.from_config(cfg)
+  rng = np.random.default_rng(0)
+  logp_BxGxT = -rng.exponential(size=(2, 4, 5)).astype(np.float32)
+  batch = {"response_mask": (rng.random((2, 4, 5)) < 0.8).astype(np.float32), "rewards": rng.random((2, 4)),
+           "sampler_token_logp": -rng.exponential(size=(2, 4, 5)).astype(np.float32),
+           "demo_slots": np.array([[0, 0, 0, 1], [0, 1, 0, 0]], np.float32)}
+  loss, metrics = assemble.loss_fn(rc)(logp_BxGxT, batch, rc.trainer.loss_settings)
+  base, _ = objectives.compute_loss("oapl", logp_BxGxT, batch, rc.trainer.loss_settings)
+  demo = batch["response_mask"] * batch["demo_slots"][..., None]
+  nll = -np.sum(logp_BxGxT * demo) / demo.sum()
+  want = float(base) + (0.5 * nll if demo_use == "sft" else 0.0)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+  assert ("demo_nll" in metrics) == (demo_use == "sft")

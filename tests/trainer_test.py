@@ -1,5 +1,6 @@
 """Trainer: sharded == single device, gradient accumulation == one batch, loss vs numpy, schedule."""
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -34,10 +35,10 @@ def _batch(B, G, T, seed=0, prompt_len=4, vocab=CONFIG.vocab_size):
   return train_bench.make_batch(B, G, T, vocab, seed=seed, prompt_len=prompt_len, min_response=1)
 
 
-def _run(config, model_config, params, mesh, batches):
+def _run(config, model_config, params, mesh, batches, loss_fn=None):
   model, layout = api.for_config(model_config), parallel.Layout(mesh)
   state = trainer.create_train_state(config, model, params, layout)
-  step = trainer.make_train_step(config, model, layout)
+  step = trainer.make_train_step(config, model, layout, loss_fn=loss_fn)
   metrics = []
   for batch in batches:
     state, m = step(state, batch, jax.random.PRNGKey(0))
@@ -247,8 +248,8 @@ def test_demo_slots_are_trained_by_nll_and_left_out_of_the_oapl_regression():
   batch = _batch(2, 4, 12, seed=5)
   batch["demo_slots"] = np.zeros((2, 4), np.float32)
   batch["demo_slots"][:, 3] = 1.0
-  config = dataclasses.replace(TRAIN, demo_sft_weight=0.5)
-  _, (metrics,) = _run(config, CONFIG, params, _one_device_mesh(), [batch])
+  wrapped = objectives.with_demo_sft(functools.partial(objectives.compute_loss, TRAIN.loss), 0.5)  # the assembler's
+  _, (metrics,) = _run(TRAIN, CONFIG, params, _one_device_mesh(), [batch], loss_fn=wrapped)
   logp = model.token_logprobs(params, batch["tokens"].reshape(8, 12), batch["targets"].reshape(8, 12),
                               batch["positions"].reshape(8, 12), temperature=TRAIN.temperature).reshape(2, 4, 12)
   mask = batch["response_mask"]

@@ -22,6 +22,7 @@ from oapl_jax import sections
 from oapl_jax.objectives.asymre import AsymRESettings, asymre_from_batch, asymre_loss
 from oapl_jax.objectives.batch_fields import FIELDS
 from oapl_jax.objectives.checks import check_token_array
+from oapl_jax.objectives.demo_sft import BoundLoss, with_demo_sft
 from oapl_jax.objectives.grpo import GRPOSettings, grpo_advantages, grpo_from_batch, grpo_loss
 from oapl_jax.objectives.m2po import M2POSettings, m2po_from_batch, m2po_loss, m2po_tau_squared
 from oapl_jax.objectives.masking import sequence_logprob, token_mean
@@ -119,7 +120,7 @@ def compute_loss(name: str, policy_token_logp_BxGxT: jax.Array, batch: Mapping[s
 
 
 __all__ = [
-    "LOSSES", "LossSpec", "loss_spec", "build_settings", "compute_loss",
+    "LOSSES", "LossSpec", "loss_spec", "build_settings", "compute_loss", "BoundLoss", "with_demo_sft",
     "OAPLSettings", "GRPOSettings", "AsymRESettings", "OPMDSettings", "M2POSettings", "SFTSettings",
     "v_star", "v_star_of_members", "oapl_loss", "grpo_advantages", "grpo_loss", "asymre_loss", "opmd_loss",
     "m2po_loss", "m2po_tau_squared", "sft_loss", "sequence_logprob", "token_mean",

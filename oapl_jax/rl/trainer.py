@@ -66,7 +66,8 @@ class TrainConfig:
   # (lr 1e30 gives a finite update of ~1e30 per weight); 0 = off. Sane AdamW steps are ~1e-3 .. 1e-1 of it.
   max_update_ratio: float = sections.rule(1.0, low=0)
   # loop.demo_use='sft': the batch's demonstration slots (demo_slots [B,G]) add this x their token-mean NLL to the
-  # loss and are left out of OAPL's V* and regression (the control for demonstrations in the buffer)
+  # loss and are left out of OAPL's V* and regression (the control for demonstrations in the buffer; the
+  # assembler wraps the loss: objectives/demo_sft.py)
   demo_sft_weight: float = sections.rule(1.0, low=0)
   # the sampler's temperature (set from the sampler section); policy log-probs use logits / temperature
   temperature: float = sections.rule(1.0, low=0, low_open=True, internal=True)
@@ -189,15 +190,10 @@ def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, wit
   return jax.tree.map(lambda x: x.reshape(B, G, T), out)
 
 
-def _loss_and_sums(config: TrainConfig, model: CausalLM, params, batch: Batch, lora=None):
+def _loss_and_sums(config: TrainConfig, model: CausalLM, loss_fn: objectives.BoundLoss, params, batch: Batch, lora=None):
   """(loss, (loss metrics, additive token/sequence sums)) for one (micro-)batch."""
   logp_BxGxT, entropy_BxGxT = _policy_logp(config, model, params, batch, with_entropy=True, lora=lora)
-  loss, loss_metrics = objectives.compute_loss(config.loss, logp_BxGxT, batch, config.loss_settings)
-  if "demo_slots" in batch:  # loop.demo_use='sft': the demonstrations as supervised targets
-    demo_mask_BxGxT = batch["response_mask"] * batch["demo_slots"][..., None]
-    nll, _ = objectives.sft_loss(logp_BxGxT, demo_mask_BxGxT)
-    loss = loss + config.demo_sft_weight * nll
-    loss_metrics = {**loss_metrics, "demo_nll": nll}
+  loss, loss_metrics = loss_fn(logp_BxGxT, batch, config.loss_settings)
 
   mask_BxGxT = batch["response_mask"].astype(bool)
   diff_BxGxT = jnp.where(mask_BxGxT, jax.lax.stop_gradient(logp_BxGxT)
@@ -268,8 +264,11 @@ def _grads_and_metrics(grad_fn, params, batch: Batch, micro_batches: int):
 
 
 # ------------------------------------------------------------------------------ jitted entry points
-def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_prompts: Optional[int] = None):
-  """The train step, jitted once with explicit shardings; the state argument is donated.
+def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_prompts: Optional[int] = None,
+                    loss_fn: Optional[objectives.BoundLoss] = None):
+  """The train step, jitted once with explicit shardings; the state argument is donated. `loss_fn`: the loss as
+  (policy_token_logp_BxGxT, batch, config.loss_settings) -> (loss, metrics); default config.loss's
+  (objectives.compute_loss). The assembler wraps it for loop.demo_use='sft' (objectives/demo_sft.py).
 
   A step whose loss, gradients or updated parameters are not all finite, or whose update norm exceeds
   config.max_update_ratio times the params' norm (a finite blow-up), leaves params and optimizer state as
@@ -284,10 +283,11 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
   tx = make_optimizer(config.optim)
   schedule = make_schedule(config.optim)
   state_sh = state_shardings(config, model, layout)
+  loss_fn = loss_fn or functools.partial(objectives.compute_loss, config.loss)
   def loss_of(trainable, frozen, batch: Batch):
     if config.lora.enabled:  # in-layer x·A·B on the frozen base (the sampler gets the merged weights)
-      return _loss_and_sums(config, model, frozen, batch, lora=lora.scaled(config.lora, trainable))
-    return _loss_and_sums(config, model, trainable, batch)
+      return _loss_and_sums(config, model, loss_fn, frozen, batch, lora=lora.scaled(config.lora, trainable))
+    return _loss_and_sums(config, model, loss_fn, trainable, batch)
   grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
   def train_step(state: TrainState, batch: Batch, rng: jax.Array):

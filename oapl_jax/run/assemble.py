@@ -310,6 +310,12 @@ def loop_settings(rc: RunConfig) -> loop.LoopSettings:
                            title=f"{rc.trainer.loss.upper()} run summary")
 
 
+def loss_fn(rc: RunConfig) -> objectives.BoundLoss:
+  """The train step's loss: the trainer's, with the demonstration slots' NLL beside it for loop.demo_use='sft'."""
+  loss = functools.partial(objectives.compute_loss, rc.trainer.loss)
+  return objectives.with_demo_sft(loss, rc.trainer.demo_sft_weight) if rc.loop.demo_use == "sft" else loss
+
+
 def online(rc: RunConfig, parts: RunParts) -> loop.Online:
   """The online driver (Algorithm 1, rl/loop.py): the parts, the buffer and train step, the window policy
   the loop section asks for (fixed L, delayed by one window, adaptive on drift) and the step hooks (the
@@ -327,7 +333,8 @@ def online(rc: RunConfig, parts: RunParts) -> loop.Online:
                      windows=windows.window_policy(rc.loop.refresh_drift, rc.loop.drift_metric,
                                                    rc.loop.sampler_delay_windows),
                      hooks=hooks, buffer=buffer,
-                     train_step=trainer.make_train_step(train_cfg, parts.model, layout, rc.loop.batch_prompts),
+                     train_step=trainer.make_train_step(train_cfg, parts.model, layout, rc.loop.batch_prompts,
+                                                        loss_fn(rc)),
                      batch_sharding=batch_sharding,
                      batch_rows=parallel.process_rows(batch_sharding, rc.loop.batch_prompts),
                      demo_mixer=demo_mixer(rc, parts.task))

@@ -323,7 +323,8 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
   if "train_step" in programs:
     def build_train_step():
       train_cfg = assemble.train_config(cfg)
-      step = trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts)
+      step = trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts,
+                                     assemble.loss_fn(cfg))
       return step, train_inputs(train_cfg, model, placement.trainer, loop.batch_prompts, loop.group_size, T)
     report("train_step", lambda: compile_memory(build_train_step, compiler_options=compiler_options).with_host_trips(M))
   sampler_programs = [name for name in PROGRAMS[1:] if name in programs]
