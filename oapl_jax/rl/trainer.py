@@ -190,9 +190,11 @@ def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, wit
   return jax.tree.map(lambda x: x.reshape(B, G, T), out)
 
 
-def _loss_and_sums(config: TrainConfig, model: CausalLM, loss_fn: objectives.BoundLoss, params, batch: Batch, lora=None):
-  """(loss, (loss metrics, additive token/sequence sums)) for one (micro-)batch."""
+def _loss_and_sums(config: TrainConfig, model: CausalLM, params, batch: Batch, lora=None,
+                   loss_fn: Optional[objectives.BoundLoss] = None):
+  """(loss, (loss metrics, additive token/sequence sums)) for one (micro-)batch; `loss_fn` as make_train_step's."""
   logp_BxGxT, entropy_BxGxT = _policy_logp(config, model, params, batch, with_entropy=True, lora=lora)
+  loss_fn = loss_fn or functools.partial(objectives.compute_loss, config.loss)
   loss, loss_metrics = loss_fn(logp_BxGxT, batch, config.loss_settings)
 
   mask_BxGxT = batch["response_mask"].astype(bool)
@@ -286,8 +288,8 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
   loss_fn = loss_fn or functools.partial(objectives.compute_loss, config.loss)
   def loss_of(trainable, frozen, batch: Batch):
     if config.lora.enabled:  # in-layer x·A·B on the frozen base (the sampler gets the merged weights)
-      return _loss_and_sums(config, model, loss_fn, frozen, batch, lora=lora.scaled(config.lora, trainable))
-    return _loss_and_sums(config, model, loss_fn, trainable, batch)
+      return _loss_and_sums(config, model, frozen, batch, lora=lora.scaled(config.lora, trainable), loss_fn=loss_fn)
+    return _loss_and_sums(config, model, trainable, batch, loss_fn=loss_fn)
   grad_fn = jax.value_and_grad(loss_of, has_aux=True)
 
   def train_step(state: TrainState, batch: Batch, rng: jax.Array):
