@@ -285,7 +285,6 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
   tx = make_optimizer(config.optim)
   schedule = make_schedule(config.optim)
   state_sh = state_shardings(config, model, layout)
-  loss_fn = loss_fn or functools.partial(objectives.compute_loss, config.loss)
   def loss_of(trainable, frozen, batch: Batch):
     if config.lora.enabled:  # in-layer x·A·B on the frozen base (the sampler gets the merged weights)
       return _loss_and_sums(config, model, frozen, batch, lora=lora.scaled(config.lora, trainable), loss_fn=loss_fn)
