@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from oapl_jax import checkpoint_files, checkpoints, parallel
-from oapl_jax.rl import monitors, policy_eval, preemption, trainer
+from oapl_jax.rl import monitors, policy_eval, preemption, stepping, trainer
 from oapl_jax.rl.buffer import RolloutBuffer
 from oapl_jax.rl.parts import RunParts
 from oapl_jax.rl.rollout_worker import RolloutWorker, Window
@@ -131,23 +131,23 @@ def train(run: Online, on_window: Optional[Callable[[dict], None]] = None, inlin
   run.reporter.phases.start()
   worker.start()
   at = _Position.of(run)
-  run.sampler.interrupt = stop.cuts_work  # an eval or a chunk in flight ends at a signal (one process)
   try:
-    if at.resume_at:
-      _restore_snapshot(run, at.restored_step)
-    while at.step0 < run.settings.total_steps:
-      if max_windows is not None and at.sync - at.first_sync >= max_windows:
-        logging.warning("stopping after %d sync windows (max_windows)", max_windows)
-        break
-      length = _begin_window(run, worker, at)  # 1. sampler <- trainer (the window policy's params); D <- {}
-      end = _train_window(run, worker, stop, at, length)  # 2-3. the sampler fills D while the trainer steps
-      if not _end_window(run, worker, at, length, end, on_window):  # 4. after L steps: checkpoint, next window
-        break
-    if stop.signal_name is not None and at.step0 < run.settings.total_steps:
-      logging.warning("stopped by %s after trainer step %d; resume with the same command", stop.signal_name, at.step0)
-    return _finish(run, at.step0, stop, worker.cut)
+    with stop.cutting(run.sampler):  # an eval or a chunk in flight ends at a signal (one process)
+      if at.resume_at:
+        _restore_snapshot(run, at.restored_step)
+      while at.step0 < run.settings.total_steps:
+        if max_windows is not None and at.sync - at.first_sync >= max_windows:
+          logging.warning("stopping after %d sync windows (max_windows)", max_windows)
+          break
+        length = _begin_window(run, worker, at)  # 1. sampler <- trainer (the window policy's params); D <- {}
+        end = _train_window(run, worker, stop, at, length)  # 2-3. the sampler fills D while the trainer steps
+        if not _end_window(run, worker, at, length, end, on_window):  # 4. after L steps: checkpoint, next window
+          break
+      if stop.signal_name is not None and at.step0 < run.settings.total_steps:
+        logging.warning("stopped by %s after trainer step %d; resume with the same command", stop.signal_name,
+                        at.step0)
+      return _finish(run, at.step0, stop, worker.cut)
   finally:  # a run is single-use: stop the worker thread and release writers, pools and files
-    run.sampler.interrupt = None
     run.reporter.phases.stop()
     stop.uninstall()
     worker.stop()
@@ -195,46 +195,59 @@ def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
 def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag, at: _Position,
                   length: int) -> _WindowEnd:
   """The window's trainer steps from `at.resume_at`, each logged while the next runs; how they ended."""
-  pending, last_fetch, ended, stopping = None, time.perf_counter(), False, False
-  base_key = jax.random.PRNGKey(run.settings.seed)
-  done = at.resume_at  # the window's steps dispatched so far
+  base_key, report = jax.random.PRNGKey(run.settings.seed), _StepReport(run)
+  driver = stepping.StepDriver(run.train_step, lambda step: jax.random.fold_in(base_key, step), report, stop=stop,
+                               checkpointer=run.checkpointer, monitor=run.monitor, timed=lambda p: _timed(run, p))
+  done, cut = at.resume_at, False  # the window's steps dispatched so far; a stop cut the work a step needs
   for s in range(at.resume_at, length):
     step = at.step0 + s
     worker.produce(run.schedule.chunks_visible(s))  # inline rollouts only: the chunks this step may draw
     probing = any(hook.probes(step) for hook in run.hooks)
-    if probing and pending is not None:  # its metrics first, and the probe's time is no step's
-      ended, stopping = _or(_finish_step(run, *pending, last_fetch), ended, stopping)
-      pending = None
+    if probing:  # the last step's metrics first, and the probe's time is no step's
+      driver.flush()
     try:
       for hook in run.hooks:
         with _timed(run, hook.phase):
           hook.before_step(step, s, run.state)
     except sampler_api.Interrupted:  # a stop cut the probe: step s is the resume's
       logging.warning("the policy probe at step %d cut by the stop (the resume runs it again)", step)
-      stopping = True
+      cut = True
       break
     if probing:
       run.reporter.scalars(step, run.reporter.phases.marks())
-      last_fetch = time.perf_counter()
+      report.last_fetch = time.perf_counter()
     drawn = _draw(run, worker, step, s)
     if drawn is None:  # a stop cut the sampler's eval or the chunk this step needs: step s is the resume's
-      stopping = True
+      cut = True
       break
     batch, extra, reuse_mean = drawn
-    with _timed(run, "train step: dispatch"):
-      run.state, metrics = run.train_step(run.state, batch, jax.random.fold_in(base_key, step))
-    if pending is not None:
-      ended, stopping = _or(_finish_step(run, *pending, last_fetch), ended, stopping)
-      last_fetch = time.perf_counter()
-    pending = (step, metrics, {**extra, "buffer/groups": run.buffer.num_groups(), "buffer/reuse_mean": reuse_mean},
-               stop.vote())  # the buffer's size as the step runs (how far the sampler is ahead)
+    # the buffer's size as the step starts (how far the sampler is ahead)
+    extra.update({"buffer/groups": run.buffer.num_groups(), "buffer/reuse_mean": reuse_mean})
+    run.state = driver.step(run.state, batch, step, extra)
     done = s + 1
     _log_worker_stats(run, worker, at.restored_step)
     run.reporter.tick(step + 1, at.step0 + length)
-    if ended or stopping:  # the step before this one ended the window (the policy's refresh now), or a stop
+    if driver.ended or driver.stopping:  # the step before this one ended the window (the policy's refresh now)
       break
-  ended_last, stop_last = _finish_step(run, *pending, last_fetch) if pending is not None else (False, False)
-  return _WindowEnd(done, ended, ended_last, stopping or stop_last)
+  ended = driver.ended
+  ended_last = driver.flush()
+  return _WindowEnd(done, ended, ended_last, cut or driver.stopping)
+
+
+class _StepReport:
+  """The online step's report (stepping.Report): its metrics and tokens per second since the last fetch, the
+  wait for samples apart; whether the window policy ends the window after the next step."""
+
+  def __init__(self, run: Online):
+    self.run, self.last_fetch = run, time.perf_counter()
+
+  def __call__(self, step: int, metrics: dict, extra: dict) -> bool:
+    seconds = max(time.perf_counter() - self.last_fetch - extra["train/wait_seconds"], 1e-9)
+    scalars = {f"train/{k}": v for k, v in metrics.items()}
+    scalars.update(extra, **{"train/tokens_per_second": float(metrics["tokens"]) / seconds})
+    self.run.reporter.scalars(step, scalars)
+    self.last_fetch = time.perf_counter()
+    return self.run.windows.ends_after(metrics)
 
 
 def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> Optional[tuple[dict, dict, float]]:
@@ -295,10 +308,6 @@ def _end_window(run: Online, worker: RolloutWorker, at: _Position, length: int, 
   return not stopping
 
 
-def _or(flags: tuple[bool, bool], drifted: bool, stopping: bool) -> tuple[bool, bool]:
-  return flags[0] or drifted, flags[1] or stopping
-
-
 def _save(run: Online, step: int, meta: checkpoint_files.Meta, sampler: Optional[trainer.Params] = None) -> None:
   """A checkpoint at `step`, unless its last update was skipped as non-finite (then the last good one stays)."""
   if run.monitor.diverging:
@@ -347,22 +356,6 @@ def _print_window(run: Online, sync: int, end_step: int) -> None:
                                   {k: v for k, v in values.items() if v is not None})
   if run.reporter.is_main:
     print(line, flush=True)
-
-
-def _finish_step(run: Online, step: int, metrics: dict, extra: dict, stop_vote: Callable[[], bool],
-                 last_fetch: float) -> tuple[bool, bool]:
-  """Logs a step's metrics; (whether the window policy ends the window after the next step, whether any
-  process had been asked to stop when it was dispatched)."""
-  with _timed(run, "host sync: a step's metrics fetched (waits for its compute)"):
-    metrics = jax.device_get(metrics)
-  with _timed(run, "checkpoint"):
-    run.checkpointer.poll()  # a failed background save stops the run here
-  run.monitor.observe(step, metrics, run.checkpointer.latest_step())
-  seconds = max(time.perf_counter() - last_fetch - extra["train/wait_seconds"], 1e-9)
-  scalars = {f"train/{k}": v for k, v in metrics.items()}
-  scalars.update(extra, **{"train/tokens_per_second": float(metrics["tokens"]) / seconds})
-  run.reporter.scalars(step, scalars)
-  return run.windows.ends_after(metrics), stop_vote()
 
 
 def _reward_failures(history: list[dict]) -> int:

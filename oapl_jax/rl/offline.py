@@ -22,17 +22,17 @@ window_steps_done: the stage's steps done), from which train goes on exactly: sa
 """
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import jax
 import numpy as np
-from etils import epath
 
-from oapl_jax import checkpoint_files, evaluation, parallel, sections
-from oapl_jax.rl import policy_eval, preemption, trainer
+from oapl_jax import checkpoint_files, sections
+from oapl_jax.rl import policy_eval, preemption, stepping, trainer
 from oapl_jax.rl.buffer import pack_groups, sequence_length
 from oapl_jax.rl.monitors import check_reward_failures
 from oapl_jax.rl.optim import make_schedule
@@ -233,7 +233,10 @@ def train_stage(run: Offline, config: OfflineConfig, stage: int, workdir: str,
     del params  # the step donates its state, which may share buffers with the old one
     state = state.replace(step=jax.device_put(np.int32(start_step), state.step.sharding))
   step_fn, schedule = trainer.make_train_step(train_cfg, run.model, layout, B), make_schedule(train_cfg.optim)
-  base_key, pending, stop = jax.random.PRNGKey(run.seed), None, stop or preemption.StopFlag()
+  base_key, stop = jax.random.PRNGKey(run.seed), stop or preemption.StopFlag()
+  driver = stepping.StepDriver(step_fn, lambda step: jax.random.fold_in(base_key, step),
+                               functools.partial(_log_step, run), stop=stop,
+                               checkpointer=run.checkpointer, monitor=run.monitor)
   first_position = run.meta.data_position - done * B  # where the stage began
   # T from the stored rollouts' own budget and prompts (buffer.sequence_length: the one rule)
   seq_len = sequence_length(max(len(p.prompt_tokens) for p in run.task.train), h.settings.max_new_tokens)
@@ -242,13 +245,11 @@ def train_stage(run: Offline, config: OfflineConfig, stage: int, workdir: str,
       continue
     if run.policy_eval is not None and i > 0 and run.policy_eval.due(start_step + i):  # its start: evaluate_policy
       policy_eval.report(run.policy_eval, run.reporter, start_step + i, state.params)
-    state, metrics = step_fn(state, batch, jax.random.fold_in(base_key, start_step + i))
-    stopping = pending is not None and _log_step(run, *pending)
-    pending = (start_step + i, metrics, {"train/learning_rate": float(schedule(i)), "offline/stage": stage,
-                                         "offline/epoch": i * B / kept}, stop.vote())
-    if stopping and i + 1 < steps:
+    state = driver.step(state, batch, start_step + i, {"train/learning_rate": float(schedule(i)),
+                                                       "offline/stage": stage, "offline/epoch": i * B / kept})
+    if driver.stopping and i + 1 < steps:
       break
-  _log_step(run, *pending)
+  driver.flush()
   done = i + 1 if i + 1 < steps else 0  # > 0: stopped inside the stage
   end_step = start_step + (done or steps)
   meta = checkpoint_files.Meta(syncs_done=stage - bool(done), snapshot_version=h.snapshot_version,
@@ -262,15 +263,11 @@ def train_stage(run: Offline, config: OfflineConfig, stage: int, workdir: str,
   return {"kept_groups": kept, "groups": total, "steps": steps, **({"stopped_at": end_step} if done else {})}
 
 
-def _log_step(run: Offline, step: int, metrics, extra: dict, stop_vote=lambda: False) -> bool:
-  """Logs a step's metrics; True when a stop was agreed by the time it was dispatched."""
-  metrics = jax.device_get(metrics)
-  run.checkpointer.poll()
-  run.monitor.observe(step, metrics, run.checkpointer.latest_step())
+def _log_step(run: Offline, step: int, metrics: dict, extra: dict) -> None:
+  """A stage step's report (stepping.Report): its metrics to the reporter and a console line."""
   run.reporter.scalars(step, {**{f"train/{k}": v for k, v in metrics.items()}, **extra})
   logging.info("step %d: loss %.4g, grad_norm %.3g, lr %.3g, entropy %.3g", step, metrics["loss"],
                metrics["grad_norm"], extra["train/learning_rate"], metrics["entropy"])
-  return stop_vote()
 
 
 def close(run: Offline) -> None:

@@ -22,7 +22,7 @@ from oapl_jax import checkpoint_files, checkpoints, objectives, parallel, sectio
 from oapl_jax.models.api import CausalLM
 from oapl_jax.objectives.batch_fields import FIELDS
 from oapl_jax.parallel import Layout
-from oapl_jax.rl import preemption, trainer
+from oapl_jax.rl import preemption, stepping, trainer
 from oapl_jax.rl.buffer import pack_sequences
 from oapl_jax.rl.optim import OptimConfig
 from oapl_jax.tasks.base import Demonstration
@@ -77,21 +77,22 @@ def warm_start(examples: Sequence[Demonstration], params, model: CausalLM, layou
     logging.warning("stopped by %s before warm-start step %d of %d; resume with the same command", stop.signal_name,
                     first, config.steps)
     raise preemption.Stopped(stop.signal_name)
-  step_fn = trainer.make_train_step(train_config, model, layout)
   batches = _batches(examples, seq_len, config.batch_size, layout, seed, first)
-  progress, done, stopping, voted = _Progress(config.steps, first, log), first, False, lambda: False
+  progress = _Progress(config.steps, first, log)
+  driver = stepping.StepDriver(trainer.make_train_step(train_config, model, layout), jax.random.PRNGKey, progress,
+                               stop=stop)
+  done = first
   for step in range(first, config.steps):
-    state, metrics = step_fn(state, next(batches), jax.random.PRNGKey(step))
-    progress.after(step, metrics)
-    done, stopping, voted = step + 1, voted(), (stop.vote() if stop else voted)  # cast a step ago: no wait
-    if stopping:
-      progress.stopped_after(step, metrics)
+    state = driver.step(state, next(batches), step)
+    done = step + 1
+    if driver.stopping:  # cast a step ago: no wait
       break
+  driver.flush()
   if done > first:
     _save(checkpointer, state, seed, config.batch_size)
   if done == config.steps > first:
-    warn_if_memorised(float(progress.pending["nll"]), config)
-  if stopping or voted():
+    warn_if_memorised(float(progress.last["nll"]), config)
+  if driver.stopping:
     logging.warning("stopped by %s after warm-start step %d of %d%s; resume with the same command",
                     stop.signal_name, done, config.steps,
                     f" (saved to {checkpointer.directory})" if checkpointer else " (nothing saved: no checkpointer)")
@@ -143,33 +144,24 @@ def _batches(examples: Sequence[Demonstration], seq_len: int, batch_size: int, l
 
 
 class _Progress:
-  """The metrics (every 50 steps and the last: the previous step's nll, so no step waits for its own) and a
-  console line per tenth, with an ETA from steady-state steps (after the first step of this call compiled)."""
+  """The warm start's report (stepping.Report): step s's nll is logged under step s + 1 (every 50 steps, and the
+  last but one: what an eval at that step would see) and a console line per tenth, with an ETA from steady-state
+  steps (after the first step of this call, which compiled)."""
 
   def __init__(self, steps: int, first: int, log: Callable[[int, dict], None]):
     self.steps, self.first, self.log = steps, first, log
     self.report_every = max(1, steps // 10)
-    self.start, self.pending, self.steady = time.perf_counter(), None, None
+    self.start, self.last, self.steady = time.perf_counter(), None, None
 
-  def _due(self, step: int) -> bool:
-    return step % 50 == 0 or step == self.steps - 1
-
-  def _record(self, step: int, metrics) -> None:
-    self.log(step, {"warmstart/nll": float(metrics["nll"]), "warmstart/seconds": time.perf_counter() - self.start})
-
-  def after(self, step: int, metrics) -> None:
-    if self.pending is not None and self._due(step):
-      self._record(step, self.pending)
-    if step == self.first + 1:  # the first step compiled; time from here
-      jax.block_until_ready(metrics)
+  def __call__(self, step: int, metrics: dict, extra: dict) -> None:
+    del extra
+    label = step + 1
+    if label < self.steps and (label % 50 == 0 or label == self.steps - 1):
+      self.log(label, {"warmstart/nll": float(metrics["nll"]), "warmstart/seconds": time.perf_counter() - self.start})
+    if step == self.first:  # the first step compiled; time from here
       self.steady = (step, time.perf_counter())
-    elif self.steady and (step % self.report_every == 0 or step == self.steps - 1):
+    elif step % self.report_every == 0 or step == self.steps - 1:
       per_step = (time.perf_counter() - self.steady[1]) / (step - self.steady[0])
       logging.info("warm start: step %d/%d, nll %.4f, %.2f s/step, ETA %.0f s", step + 1, self.steps,
                    float(metrics["nll"]), per_step, per_step * (self.steps - step - 1))
-    self.pending = metrics
-
-  def stopped_after(self, step: int, metrics) -> None:
-    """What the next step would have logged (a resumed warm start starts there with nothing pending)."""
-    if step + 1 < self.steps and self._due(step + 1):
-      self._record(step + 1, metrics)
+    self.last = metrics
