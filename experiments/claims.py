@@ -23,6 +23,7 @@ Resumable: a run with final_eval.json is skipped; an unfinished one resumes from
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import time
 from typing import Optional
@@ -144,9 +145,10 @@ class State:
 
 
 class Runner:
-  """Runs the study's cells stage by stage. With shard=(i, n), this process runs the i-th of every n cells of a
-  stage and waits for the other shards' before the next stage (n processes on n cores; shard 0 makes the warm
-  start). The strength rule may replace `study` after the pilot (its OAPL grid): report from runner.study."""
+  """Runs the study's cells stage by stage. With shard=(i, n), n processes share a stage's cells (each takes the
+  next cell none has claimed: a flock on `<run dir>.claim`) and wait for each other before the next stage
+  (n processes on n cores; shard 0 makes the warm start). The strength rule may replace `study` after the
+  pilot (its OAPL grid): report from runner.study."""
 
   def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
                stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: float = 30.0):
@@ -157,12 +159,22 @@ class Runner:
     self.state = State()
 
   def run_all(self, stage: str, cells: list[plan.Cell]) -> list[Optional[results.RunResult]]:
-    """Run (or load) every cell; with a shard, this process's share, then wait for the rest."""
-    i, n = self.shard or (0, 1)
-    for k, cell in enumerate(cells):
-      if k % n == i:
+    """Run (or load) every cell; with shards, each process takes the next cell no other has claimed (so none
+    idles while cells remain), then waits for the rest."""
+    sharded = self.shard is not None and self.shard[1] > 1 and not self.collect and self.only is None
+    for cell in cells:
+      if not sharded:
         self.run(stage, cell)
-    if n > 1 and not self.collect and self.only is None:
+        continue
+      workdir = os.path.join(self.runs_dir, cell.name)
+      claim = None if results.is_done(workdir) else _claim(workdir)
+      if claim is None:
+        continue
+      try:
+        self.run(stage, cell)
+      finally:
+        os.close(claim)  # the lock goes with it
+    if sharded:
       self._wait([os.path.join(self.runs_dir, c.name) for c in cells])
     return [results.load(self.runs_dir, cell) for cell in cells]
 
@@ -280,6 +292,21 @@ class Runner:
 
   def main(self, stage: str, tiers: tuple[str, ...]) -> None:
     self.run_all(stage, plan.main_cells(self.study, self.state.chosen, tiers))
+
+
+def _claim(workdir: str) -> Optional[int]:
+  """The cell's claim for this runner: an open file `<run dir>.claim` under an exclusive flock, which the kernel
+  drops when its process dies (a killed shard's cell is free again; the run resumes from its checkpoint); None
+  when another runner holds it. The file stays, so every runner locks the same one."""
+  path = workdir.rstrip(os.sep) + ".claim"
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    return None
+  return fd
 
 
 def enable_compile_cache(directory: str) -> None:

@@ -47,8 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="tuning seeds, comma-separated; a point's AUC is the mean over them (default %(default)s)")
   parser.add_argument("--beta2_by_strength", action="store_true",
                       help="set OAPL's beta2 grid from the pilot's measured beta2 share (tuning.STRENGTH_TARGETS)")
-  parser.add_argument("--shard", metavar="I/N", help="run the I-th of every N cells of each stage, waiting for the "
-                      "others' before the next (N processes, e.g. one per core; shard 0 makes the warm start)")
+  parser.add_argument("--shard", metavar="I/N", help="process I of N sharing each stage's cells (each takes the next "
+                      "cell no other has claimed), waiting for the others before the next stage (N processes, e.g. one "
+                      "per core; shard 0 makes the warm start)")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

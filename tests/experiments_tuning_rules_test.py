@@ -4,6 +4,8 @@ runs are stand-ins written by a fake `claims.execute` whose validation curve is 
 import json
 import math
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -112,3 +114,26 @@ def test_shards_run_each_cell_once_extend_past_the_edge_and_agree(tmp_path, monk
   assert a.tuning["oapl"][(BEST_LR, 0.15)] == pytest.approx(_fake_auc(cell) + 0.0005)
   collected = claims.Runner(study, str(tmp_path), collect=True)  # every stage, reading only: no secondary losses
   assert collected.study_all().chosen == a.chosen and len(calls) == len(set(calls))
+
+
+def test_a_claim_goes_to_one_runner_and_a_dead_holders_claim_is_free(tmp_path):
+  workdir = str(tmp_path / "study" / "oapl_L50" / "lr0.0001" / "seed0")
+  held = claims._claim(workdir)
+  assert held is not None
+  other = []
+  t = threading.Thread(target=lambda: other.append(claims._claim(workdir)))
+  t.start(); t.join()
+  assert other == [None]  # another runner (here a thread of this process) may not take it
+  os.close(held)
+  # a shard that holds the claim and is killed: while it lives the cell is its, once dead the cell is free
+  holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[2]); from experiments "
+                             "import claims; assert claims._claim(sys.argv[1]) is not None; print('held', flush=True); "
+                             "sys.stdin.read()", workdir, os.path.dirname(os.path.dirname(claims.__file__))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == "held"
+  assert claims._claim(workdir) is None
+  holder.kill()
+  holder.wait()
+  taken = claims._claim(workdir)
+  assert taken is not None
+  os.close(taken)
