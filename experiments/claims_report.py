@@ -125,9 +125,12 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
     if loss in unrun:
       continue
     for setting in sorted(scores):
-      r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
+      cells = plan.tuning_cells(study, loss, [setting])
+      r = results.load(runs_dir, cells[0])
       final = r.curve()[-1][1] if r is not None and r.curve() else float("nan")
-      score = _f(scores[setting]) if scores[setting] is not None else "not run"
+      ran = sum(results.is_done(os.path.join(runs_dir, c.name)) for c in cells)
+      score = _f(scores[setting]) if scores[setting] is not None else (
+          f"{ran} of {len(cells)} seeds run" if ran else "not run")
       lines.append(f"| {loss} | {study.tuning_arm(loss).name} | {setting[0]:g} | "
                    f"{plan.KNOBS[loss][0].rsplit('.', 1)[1]} {setting[1]:g} | {score} | {_f(final)} | "
                    f"{'yes' if tuple(state.chosen.get(loss, ())) == tuple(setting) else ''} |")
