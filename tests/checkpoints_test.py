@@ -316,6 +316,7 @@ def test_only_abandoned_orbax_reads_are_kept_out_of_the_asyncio_log(caplog, coro
   assert "mine()" in caplog.text
 
 
+@pytest.mark.slow  # a whole command; fast: rl_stepping_test (a failed save stops the next step), console_test (one line)
 def test_a_failed_save_stops_the_run_with_one_line(tmp_path):
   """A file-size limit (as a full disk) fails checkpoint 5's background write: the command stops at the next
   step with one line naming the step, the path and the cause, no traceback, and takes no further save."""

@@ -96,6 +96,7 @@ def test_first_cell_stops_on_the_placeholder_url_and_clones_a_real_one(tmp_path)
   assert namespace["REPO"] == str(colab / "oapl_jax_repo") and shell_lines == []
 
 
+@pytest.mark.slow  # the whole notebook; fast: the cell tests above, readme_test's blocks
 def test_notebook_runs_top_to_bottom_on_cpu_from_its_own_folder(tmp_path, monkeypatch):
   monkeypatch.setenv("OAPL_NOTEBOOK_QUICK", "1")
   monkeypatch.setenv("OAPL_NOTEBOOK_WORKDIR", str(tmp_path / "run"))

@@ -93,6 +93,7 @@ def report():
   return cc.check(tiny_config(), "v5e-8", seq_len=128)
 
 
+@pytest.mark.slow  # compiles 5 TPU programs (~100 s); fast: test_tiny_hbm_is_reported..., the CLI test, the FLOP counts
 def test_memory_of_every_program_matches_its_inputs(report):
   topo_devices = cc.topology_devices(cc.parse_topology("v5e-8"))
   rc = schema.from_config(tiny_config())
@@ -115,6 +116,7 @@ def test_memory_of_every_program_matches_its_inputs(report):
   assert all(report.fits().values())
 
 
+@pytest.mark.slow  # shares the fixture above; fast: the analytic counts below (remat, skipped tokens, kept logits)
 def test_analytic_flops_match_xla_on_a_loop_free_step(report):
   # One layer (its scan runs once), one micro-batch, one vocabulary chunk: XLA sees every FLOP.
   xla_total = report.programs["train_step"].xla_flops * report.trainer_devices
@@ -314,6 +316,7 @@ def by_policy():
   return out
 
 
+@pytest.mark.slow  # compiles two TPU train steps (~100 s); kept in make test-all
 def test_host_bytes_are_the_offloaded_layer_inputs_out_and_back_per_micro_batch(by_policy):
   full, offload = (by_policy[p].programs["train_step"] for p in ("full", "offload_layer_input"))
   assert not full.error and not offload.error
@@ -325,6 +328,7 @@ def test_host_bytes_are_the_offloaded_layer_inputs_out_and_back_per_micro_batch(
   assert offload.host_bytes == 2 * 2 * per_micro_batch
 
 
+@pytest.mark.slow  # shares the fixture above
 def test_step_estimate_is_executed_flops_at_the_fraction_of_peak_plus_host_bytes_at_host_bandwidth(by_policy):
   report = by_policy["offload_layer_input"]
   compute = report.flops["executed"] / (4 * 459e12 * 0.5)  # 4 v5p chips, 459 TFLOP/s each, at half of it

@@ -58,6 +58,7 @@ def test_batch_that_does_not_divide_over_the_mesh_is_refused(tmp_path):
     assemble.setup(c, str(tmp_path))
 
 
+@pytest.mark.slow  # a whole command; fast: golden_step_test (one online step), trainer_test's GRPO step by hand
 def test_grpo_baseline_smoke_runs_a_step(tmp_path):
   """configs/arithmetic.py:smoke with the GRPO loss; OAPL runs end to end in loop_test, the notebook's
   test and the multi-process tests."""
@@ -86,6 +87,7 @@ def chat_assets(tmp_path_factory):
   return str(model_dir), str(data)
 
 
+@pytest.mark.slow  # whole commands; fast: tasks_templates_test (the chat template), test_config_builds
 @pytest.mark.parametrize("name", ["math", "gsm8k"])
 def test_chat_smoke_runs_a_step(name, chat_assets, tmp_path):
   model_dir, data = chat_assets
@@ -101,6 +103,7 @@ def test_chat_smoke_runs_a_step(name, chat_assets, tmp_path):
   assert summary["trainer_steps"] == 2 and "eval/test/pass@1 (end)" in summary
 
 
+@pytest.mark.slow  # a whole command; fast: sampler_core_test's refresh across meshes, parallel_test's placement
 def test_separate_sampler_and_trainer_meshes(tmp_path):
   """mesh.sampler_devices: the sampler gets the last 4 of the 8 devices, the trainer FSDP over the first 4."""
   c = importlib.import_module("configs.arithmetic").get_config("smoke")

@@ -171,6 +171,7 @@ def _params(directory):
   return out
 
 
+@pytest.mark.slow  # two whole warm starts; fast: rl_warmstart_test (the same rows give the same params)
 def test_the_warm_start_rebuilds_bit_identically(tmp_path):
   """run/shared_warmstart.build (the command apps/sweep_warmstart) twice from the same config and seed, into two
   directories: equal bytes."""

@@ -34,9 +34,13 @@ def _weighted_sum(fn, w_BxT, u_BxT):
   return total
 
 
-@pytest.mark.parametrize("recompute", [True, False])  # the backward projects again, or keeps the forward's logits
-@pytest.mark.parametrize("tied", [True, False])  # the projection's weights: the embedding table, or lm_head
-@pytest.mark.parametrize("chunk_tokens", [5, 64])  # 5 divides neither B x T = 21 nor T = 7; 64 is one chunk
+# chunk_tokens: 5 divides neither B x T = 21 nor T = 7; 64 is one chunk. tied: the projection's weights are the
+# embedding table, or lm_head. recompute: the backward projects again, or keeps the forward's logits. `make test`
+# runs a covering set (each pair of values meets once); the other four combinations are slow (make test-all).
+@pytest.mark.parametrize("chunk_tokens, tied, recompute", [
+    (5, True, True), (5, False, False), (64, True, False), (64, False, True),
+    *(pytest.param(*c, marks=pytest.mark.slow) for c in [(5, True, False), (5, False, True), (64, True, True),
+                                                          (64, False, False)])])
 def test_values_and_gradients_equal_the_full_logits_reference(chunk_tokens, tied, recompute):
   config = TINY.replace(logprob_chunk_tokens=chunk_tokens, tie_word_embeddings=tied, logprob_recompute=recompute)
   params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
@@ -72,8 +76,8 @@ def test_chunk_plan(tokens, budget, want):
   assert vocab_logprobs.chunk_plan(tokens, budget) == want
 
 
-@pytest.mark.parametrize("recompute", [True, False])
-@pytest.mark.parametrize("chunk_tokens", [4, 64])
+@pytest.mark.parametrize("chunk_tokens, recompute", [(4, True), (64, False), pytest.param(4, False, marks=pytest.mark.slow),
+                                                     pytest.param(64, True, marks=pytest.mark.slow)])
 def test_needed_positions_equal_the_reference_and_the_rest_are_zero(chunk_tokens, recompute):
   """With a mask of needed positions (one row with none, one with all, the rest random): needed positions equal
   the full-logits reference, the others are 0, and the gradient equals the reference's through the needed
@@ -200,8 +204,9 @@ def test_backward_memory_does_not_grow_with_rows():
   assert temp_8 - temp_2 < block / 2, (temp_2, temp_8)
 
 
-@pytest.mark.parametrize("keep_bytes", [0, 2 << 30])
-@pytest.mark.parametrize("with_needed", [False, True])
+@pytest.mark.parametrize("with_needed, keep_bytes", [(False, 0), (True, 2 << 30),
+                                                     pytest.param(True, 0, marks=pytest.mark.slow),
+                                                     pytest.param(False, 2 << 30, marks=pytest.mark.slow)])
 @pytest.mark.devices(8)
 def test_sharded_rows_equal_one_device_and_each_shard_projects_its_own_rows(with_needed, keep_bytes):
   """On 8 devices, rows over (data, fsdp) = 4 shards and the vocabulary over tensor = 2: values and

@@ -138,7 +138,8 @@ def test_a_rank_at_or_above_a_layers_width_is_a_config_error_naming_the_layer():
   assert check.validate(cfg) == []
 
 
-@pytest.mark.parametrize("backend", ["scripted", pytest.param("jax", marks=pytest.mark.slow)])
+@pytest.mark.slow  # whole runs; fast: the adapter tests above and below (gradients, merge = PEFT's, log-probs)
+@pytest.mark.parametrize("backend", ["scripted", "jax"])
 def test_lora_run_saves_only_adapters_resumes_exactly_and_exports_merged(tmp_path, backend):
   """The scripted sampler's responses depend on its snapshot (the merged policy), so a wrong merge or base after the
   resume shows in the losses as it would with the JAX sampler (kept in `make test-all`)."""

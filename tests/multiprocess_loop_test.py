@@ -211,6 +211,7 @@ def uninterrupted(tmp_path_factory):
           "one_dir": str(root / "one"), "two_dir": str(root / "two")}
 
 
+@pytest.mark.slow  # two whole processes (make test-all); fast: multiprocess_placement_test's rows and meshes
 def test_two_processes_log_the_losses_of_one(uninterrupted):
   reference, (first, second) = uninterrupted["one"][0], uninterrupted["two"]
   for key, atol in COMPARED.items():
@@ -227,6 +228,7 @@ def test_two_processes_log_the_losses_of_one(uninterrupted):
   assert min(losses) > 1e-4, losses  # the shaped reward gives every window a loss worth comparing
 
 
+@pytest.mark.slow  # shares the two-process run above; kept in make test-all (no fast test of it)
 def test_only_process_0_writes_reports(uninterrupted):
   workdir = uninterrupted["two_dir"]
   first, second = uninterrupted["two"]
@@ -295,8 +297,8 @@ def _signal_when_waiting(procs, results, process_id: int, timeout=600) -> None:
 
 # (process_id, step after which it gets SIGTERM) in the order sent; the first vote that saw a signal stops both
 # after the next step: inside window 1 (steps 0-2) at 2, inside window 2 (steps 3-5) at 5
-@pytest.mark.parametrize("signals,saved", [(((0, 3), (1, 3)), 5),
-                                           pytest.param(((1, 0), (0, 1)), 2, marks=pytest.mark.slow)],
+@pytest.mark.slow  # two whole processes; fast: preemption_test's one-process stop, resumed equal
+@pytest.mark.parametrize("signals,saved", [(((0, 3), (1, 3)), 5), (((1, 0), (0, 1)), 2)],
                          ids=["both", "one-first"])
 def test_sigterm_stops_both_processes_at_one_step_and_resumes_exactly(uninterrupted, tmp_path, signals, saved):
   workdir, results = tmp_path / "stopped", tmp_path / "results"

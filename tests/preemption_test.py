@@ -137,8 +137,8 @@ def _cli(workdir, *extra):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 0),
-                                         pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
+@pytest.mark.slow  # a whole command; fast: the in-process stops above, each resumed equal
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
 def test_the_command_saves_and_exits_cleanly_on_a_signal(tmp_path, signum, code):
   proc = _cli(tmp_path)
   deadline = time.time() + 300

@@ -43,6 +43,7 @@ def _windows_by_hand(drifts: list[float], budget: int) -> list[int]:
   return starts
 
 
+@pytest.mark.slow  # a whole run; fast: the window policy's rules below and preemption_test's resume inside a window
 def test_windows_end_where_the_logged_drift_says_and_resume_is_identical(tmp_path):
   full, killed = str(tmp_path / "full"), str(tmp_path / "killed")
   summary = loop.train(assemble.setup(_config(), full))

@@ -6,7 +6,9 @@ to end the window is kept."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+from oapl_jax import checkpoints
 from oapl_jax.rl import monitors, preemption, stepping
 
 
@@ -83,3 +85,26 @@ def test_the_health_monitor_sees_every_step_and_times_go_to_the_named_phases():
   assert monitor.counts["skipped_updates"] == 2  # steps 1 and 3
   assert phases.count(stepping.DISPATCH) == 4 and phases.count(stepping.FETCH) == 4
   assert stepping.CHECKPOINT not in phases  # no checkpointer given: none polled
+
+
+def test_a_failed_background_save_stops_the_loop_at_the_next_steps_finish_before_its_report():
+  rec = _Recorder()
+
+  class _FailedSave:  # a checkpointer whose background write of step 1 failed after step 2 was dispatched
+    def __init__(self):
+      self.polls = 0
+
+    def poll(self):
+      self.polls += 1
+      if self.polls == 2:
+        raise checkpoints.SaveFailed(1, "/w/checkpoints/1", "File too large")
+
+    def latest_step(self):
+      return 0
+
+  driver = stepping.StepDriver(rec.step_fn, jax.random.PRNGKey, rec.report, checkpointer=_FailedSave())
+  state = driver.step(jnp.int32(0), 0, 0)
+  state = driver.step(state, 1, 1)  # finishes step 0: the first poll passes
+  with pytest.raises(checkpoints.SaveFailed, match="checkpoint 1 could not be written"):
+    driver.step(state, 2, 2)  # finishing step 1 polls again
+  assert [e for e in rec.events if e[0] == "report"] == [("report", 0, None)]  # step 1 was never reported

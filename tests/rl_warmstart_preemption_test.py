@@ -111,8 +111,8 @@ def _saved_steps(workdir) -> list[int]:
   return list(checkpoint_files.step_dirs(checkpoint_files.absolute(workdir / assemble.WARMSTART_CHECKPOINTS))[0])
 
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 0),
-                                         pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
+@pytest.mark.slow  # a whole command; fast: the two tests above (a stop saves, resumes equal; set-up compiles nothing)
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
 def test_a_signal_in_the_warm_start_exits_cleanly_and_the_same_command_resumes_it(tmp_path, signum, code):
   proc, seen = _cli(tmp_path), []
   for line in proc.stdout:  # the warm start's first progress line: it is training
