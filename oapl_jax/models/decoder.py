@@ -174,7 +174,12 @@ def _attention_dot(q_BxTxKxGxD, kt_BxKxDxS):
 def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
   """Attention output [B, T, K, G, D]."""
   B, K, G, T, S = probs_BxKxGxTxS.shape
-  out_BxKxQxD = jnp.einsum("bkqs,bksd->bkqd", probs_BxKxGxTxS.reshape(B, K, G * T, S), v_BxKxSxD)
+  probs_BxKxQxS = probs_BxKxGxTxS.reshape(B, K, G * T, S)
+  if probs_BxKxQxS.dtype == jnp.float32:
+    out_BxKxQxD = jnp.einsum("bkqs,bksd->bkqd", probs_BxKxQxS, v_BxKxSxD)
+  else:  # accumulate in f32 (bf16 x bf16 -> bf16 is rewritten on XLA:CPU as an f32 dot on converted operands)
+    out_BxKxQxD = jnp.einsum("bkqs,bksd->bkqd", probs_BxKxQxS, v_BxKxSxD,
+                             preferred_element_type=jnp.float32).astype(probs_BxKxQxS.dtype)
   return out_BxKxQxD.reshape(B, K, G, T, v_BxKxSxD.shape[-1]).transpose(0, 3, 1, 2, 4)
 
 
@@ -328,7 +333,7 @@ def _attend(embed: nn.Embed, hidden_BxTxE):
   vocabulary (1 x 1,024 by 151,936 x 1,024, float32, Intel AVX-512 host, 2026-11-27), the batch-1 decode step's
   largest op."""
   hidden_BxTxE, table_VxE = embed.promote_dtype(hidden_BxTxE, embed.embedding, dtype=embed.dtype)
-  return jax.lax.dot_general(hidden_BxTxE, table_VxE, (((hidden_BxTxE.ndim - 1,), (1,)), ((), ())))
+  return projection_grad.low_precision_dot(hidden_BxTxE, table_VxE, (((hidden_BxTxE.ndim - 1,), (1,)), ((), ())))
 
 
 # ---------------------------------------------------------------- the sampler's layout and forward

@@ -10,11 +10,34 @@ took 2.31 s, 1.03 s with this rule. Here dW = dot_general(x, g) contracts the to
 dx = dot_general(g, w) comes out in x's order, so XLA transposes the layer input instead, once for every
 projection reading it (q, k, v; gate, up). Only the dense layout (no batch dims; x's contracted axes last, the
 kernel's first, in order) takes this rule; any other call is lax.dot_general itself.
+
+A bfloat16 / float16 dense projection (forward) runs as `low_precision_dot`: float32 accumulation, one rounding
+to the operands' dtype. See there; float32 projections are untouched.
 """
 import functools
 
 import jax
+import jax.numpy as jnp
 from jax import lax
+
+_LOW_PRECISION = (jnp.bfloat16, jnp.float16)
+
+
+def low_precision_dot(x, w, dimension_numbers, precision=None):
+  """lax.dot_general(x, w) in x's dtype; a bfloat16 / float16 pair accumulates in float32 and rounds once.
+
+  XLA:CPU has no bf16 -> bf16 matmul: its float normalization rewrites one as an f32 dot on converted operands,
+  and inside the sampler's decode loop the convert of each (loop-invariant) weight is hoisted out of the loop, so
+  every step reads float32 copies of the weights (the float32 model's bytes) and each decode call first converts
+  them all. XLA:CPU hands a bf16 x bf16 -> f32 dot to YNNPACK on the bf16 operands, unless one side is a single
+  row (m or n = 1: its own matrix-vector emitter, which upcasts as before): the batch-16 bf16 decode at Qwen3-0.6B
+  width ran 2.07x faster, batch 1 is unchanged (benchmarks/bf16_decode_ab.py). TPU and GPU accumulate bf16 dots in
+  float32 either way. Any other dtype: lax.dot_general as is.
+  """
+  if x.dtype == w.dtype and x.dtype in _LOW_PRECISION:
+    return lax.dot_general(x, w, dimension_numbers, precision=precision,
+                           preferred_element_type=jnp.float32).astype(x.dtype)
+  return lax.dot_general(x, w, dimension_numbers, precision=precision)
 
 
 def dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=None):
@@ -31,7 +54,7 @@ def dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=
 
 def _contract(n, precision, x, w):
   """x [tokens..., K...] . w [K..., F...] over the n axes K."""
-  return lax.dot_general(x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())), precision=precision)
+  return low_precision_dot(x, w, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())), precision=precision)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
