@@ -227,7 +227,7 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
     done = s + 1
     _log_worker_stats(run, worker, at.restored_step)
     run.reporter.tick(step + 1, at.step0 + length)
-    if driver.ended or driver.stopping:  # the step before this one ended the window (the policy's refresh now)
+    if driver.ended or driver.stopping:  # the step before this one ended the window (the refresh now), or a stop
       break
   ended = driver.ended
   ended_last = driver.flush()
