@@ -175,11 +175,8 @@ def _attention_mix(probs_BxKxGxTxS, v_BxKxSxD):
   """Attention output [B, T, K, G, D]."""
   B, K, G, T, S = probs_BxKxGxTxS.shape
   probs_BxKxQxS = probs_BxKxGxTxS.reshape(B, K, G * T, S)
-  if probs_BxKxQxS.dtype == jnp.float32:
-    out_BxKxQxD = jnp.einsum("bkqs,bksd->bkqd", probs_BxKxQxS, v_BxKxSxD)
-  else:  # accumulate in f32 (bf16 x bf16 -> bf16 is rewritten on XLA:CPU as an f32 dot on converted operands)
-    out_BxKxQxD = jnp.einsum("bkqs,bksd->bkqd", probs_BxKxQxS, v_BxKxSxD,
-                             preferred_element_type=jnp.float32).astype(probs_BxKxQxS.dtype)
+  # "bkqs,bksd->bkqd"; bf16 accumulates in f32 (projection_grad.low_precision_dot says why)
+  out_BxKxQxD = projection_grad.low_precision_dot(probs_BxKxQxS, v_BxKxSxD, (((3,), (2,)), ((0, 1), (0, 1))))
   return out_BxKxQxD.reshape(B, K, G, T, v_BxKxSxD.shape[-1]).transpose(0, 3, 1, 2, 4)
 
 
