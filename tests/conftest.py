@@ -7,10 +7,10 @@ from oapl_jax import fake_devices  # imports nothing of JAX
 # - LLVM's optimizer off (--xla_backend_optimization_level=0): the same HLO, about 30% less compile time;
 # - XLA:CPU's classic elemental emitters (--xla_cpu_use_fusion_emitters=false) instead of the MLIR fusion emitters,
 #   which build each of a train step's ~400 fusions as its own LLVM module: the tiny sharded train step compiles in
-#   2.3-3.5 s instead of 9.2 s (tests/trainer_test's 8-device step, one core). With LLVM at O0 some elementwise functions
-#   round differently by about an ulp (tanh and log1p, checked alone; the golden steps are recorded under these
-#   settings), and they lower a scatter to a loop (a test that reads the
-#   HLO a user gets compiles with compiler_options={"xla_cpu_use_fusion_emitters": True}).
+#   2.3-3.5 s instead of 9.2 s (tests/trainer_test's 8-device step, one core). At O0 some elementwise functions
+#   round about an ulp apart from the fusion emitters' (tanh and log1p, checked alone; the golden steps are recorded
+#   under these settings), and a scatter is lowered to a loop (a test that reads the HLO a user gets compiles with
+#   compiler_options={"xla_cpu_use_fusion_emitters": True}).
 # The 8 fake devices are threads of one process. XLA:CPU aborts the process when a collective's threads have not
 # all met within its timeout; 120 s leaves room for an oversubscribed 2-core machine (two test workers beside other
 # work) and ends a real hang soon, with the abort's message. The collectives' own deadlock on too few threads is
