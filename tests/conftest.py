@@ -48,16 +48,7 @@ def pytest_configure(config):
                                      "has its own count): skipped where fewer are visible")
 
 
-# The longest files (seconds of `make test` on the idle 2-core machine, issue 53: 85, 68, 61, 57, 51, 47) go first.
-# xdist's loadfile hands out whole files in collection order; trainer_test, alphabetically third from last, used to
-# start late and keep one worker busy while the other sat idle. The rest keep their order.
-LONGEST_FIRST = ("trainer_test", "models_logprobs_test", "sampler_core_test", "preemption_test", "loop_test",
-                 "rl_offline_test")
-
-
 def pytest_collection_modifyitems(config, items):
-  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable
   for item in items:
     marker = item.get_closest_marker("devices")
     if marker and jax.device_count() < marker.args[0]:
