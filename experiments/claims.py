@@ -142,6 +142,8 @@ class State:
   checked: Optional[list] = None  # the preflight's warnings (None: not checked in this invocation)
   strength: Optional[tuning.Strength] = None  # OAPL's beta2 grid by strength (the study's beta2_by_strength)
   extended: dict = dataclasses.field(default_factory=dict)  # loss -> the points added past an edge winner
+  recorded: dict = dataclasses.field(default_factory=dict)  # loss -> tuning_record.Recorded taken instead of runs
+  recorded_from: str = ""  # the record's path and source note
 
 
 class Runner:
@@ -151,12 +153,13 @@ class Runner:
   pilot (its OAPL grid): report from runner.study."""
 
   def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
-               stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: float = 30.0):
+               stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: float = 30.0,
+               recorded: Optional[dict] = None, recorded_from: str = ""):
     if shard is not None and not 0 <= shard[0] < shard[1]:
       raise ValueError(f"shard {shard[0]}/{shard[1]}: expected i/n with 0 <= i < n")
     self.study, self.runs_dir, self.collect, self.only, self.stage = study, runs_dir, collect, only, stage
     self.shard, self.poll_seconds = shard, poll_seconds
-    self.state = State()
+    self.state = State(recorded=dict(recorded or {}), recorded_from=recorded_from)
 
   def run_all(self, stage: str, cells: list[plan.Cell]) -> list[Optional[results.RunResult]]:
     """Run (or load) every cell; with shards, each process takes the next cell no other has claimed (so none
@@ -216,6 +219,16 @@ class Runner:
     """Every point of each loss's grid on the tuning seeds; the largest mean AUC wins (tuning.choose); a winner at
     an edge of an axis adds the next point on it (tuning.extension), up to tuning.MAX_EXTENSIONS times."""
     for loss in losses:
+      if loss in self.state.recorded:  # tuned before (tuning_record): its runs are not run again
+        r = self.state.recorded[loss]
+        self.state.tuning[loss], self.state.chosen[loss] = dict(r.scores), r.chosen
+        if r.extended:
+          self.state.extended[loss] = list(r.extended)
+        print(f"[claims] {loss}: tuning taken from {self.state.recorded_from}: {len(r.scores)} points, chosen "
+              f"{r.chosen}", flush=True)
+        if off_grid := [p for p in self.study.grid(loss) if p not in r.scores]:
+          print(f"[claims] {loss}: warning: this study's grid has points the record lacks: {off_grid}", flush=True)
+        continue
       grid = self.study.grid(loss)
       scores = self.scores(stage, loss, grid)
       for _ in range(tuning.MAX_EXTENSIONS if not self.study.smoke else 0):

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from experiments import paired_stats, plan, results, tuning
+from experiments import paired_stats, plan, results, tuning, tuning_record
 
 
 def _band(values_SxN: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -63,9 +63,8 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
     fig, axes = plt.subplots(1, len(losses), figsize=(4.2 * len(losses), 3.4), squeeze=False, sharey=True)
     for ax, loss in zip(axes[0], losses):
       for i, setting in enumerate(sorted(state.tuning[loss])):
-        r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
-        if r is not None:
-          ax.plot(*zip(*r.curve()), color=f"C{i}", lw=2.5 if state.chosen.get(loss) == setting else 1,
+        if curve := tuning_record.curve(study, runs_dir, state.recorded, loss, setting):
+          ax.plot(*zip(*curve), color=f"C{i}", lw=2.5 if state.chosen.get(loss) == setting else 1,
                   label=f"lr {setting[0]:g}, {plan.KNOBS[loss][0].rsplit('.', 1)[1]} {setting[1]:g}")
       ax.set(title=f"tuning: {loss}", xlabel="trainer step", ylabel="val pass@1")
       ax.legend(fontsize=6)

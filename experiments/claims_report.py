@@ -8,7 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from experiments import claims, claims_plots, claims_stats, paired_stats, plan, results, tuning
+from experiments import claims, claims_plots, claims_stats, paired_stats, plan, results, tuning, tuning_record
 
 
 def collect(study: plan.Study, runs_dir: str, state: claims.State) -> dict[str, dict[int, results.RunResult]]:
@@ -126,8 +126,9 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
       continue
     for setting in sorted(scores):
       cells = plan.tuning_cells(study, loss, [setting])
-      r = results.load(runs_dir, cells[0])
-      final = r.curve()[-1][1] if r is not None and r.curve() else float("nan")
+      curve = tuning_record.curve(study, runs_dir, state.recorded, loss, setting)
+      final = curve[-1][1] if curve else state.recorded[loss].finals.get(setting, float("nan")) if (
+          loss in state.recorded) else float("nan")
       ran = sum(results.is_done(os.path.join(runs_dir, c.name)) for c in cells)
       score = _f(scores[setting]) if scores[setting] is not None else (
           f"{ran} of {len(cells)} seeds run" if ran else "not run")
@@ -146,11 +147,36 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
     lines.append(f"\nNo point finished on every tuning seed yet: {', '.join(done)}.")
   for loss, added in state.extended.items():
     lines.append(f"\n{loss}: the winner sat at an edge; added {', '.join(map(str, added))}.")
+  if state.recorded:
+    lines.append(f"\n**Tuning taken from a record, not run here** ({', '.join(state.recorded)}): "
+                 f"{state.recorded_from}. The main seeds use its chosen points.")
+    for loss, r in state.recorded.items():
+      if off_grid := [p for p in study.grid(loss) if p not in r.scores]:
+        lines.append(f"\n{loss}: this study's grid (after its pilot) has points the record lacks: {off_grid}.")
   edges = [loss for loss, scores in state.tuning.items() if loss in state.chosen and tuning.extension(
       {p: v for p, v in scores.items() if v is not None}, loss == "oapl" and study.beta2_by_strength)]
   if edges and not study.smoke:
     lines.append(f"\nWinners still at an edge of their grid: {', '.join(edges)}.")
   return lines + [""]
+
+
+def write_tuning_record(study: plan.Study, runs_dir: str, state: claims.State, out_dir: str) -> Optional[str]:
+  """OUT/tuning.json with every loss whose grid finished (tuning_record), or None when none has."""
+  losses = {}
+  for loss, scores in state.tuning.items():
+    if loss not in state.chosen or not scores or None in scores.values():
+      continue
+    curves = {s: c for s in scores if (c := tuning_record.curve(study, runs_dir, state.recorded, loss, s))}
+    finals = {s: (curves[s][-1][1] if s in curves else state.recorded[loss].finals.get(s, float("nan"))
+                  if loss in state.recorded else float("nan")) for s in scores}
+    losses[loss] = tuning_record.Recorded(scores=dict(scores), chosen=tuple(state.chosen[loss]),
+                                          extended=list(state.extended.get(loss, [])), finals=finals, curves=curves)
+  if not losses:
+    return None
+  path = os.path.join(out_dir, tuning_record.FILE)
+  tuning_record.write(path, study.name, study.tune_seeds, losses,
+                      source=state.recorded_from or f"the tuning runs in {runs_dir}")
+  return path
 
 
 def _claim_lines(outcomes: list[claims_stats.Outcome]) -> list[str]:
@@ -293,6 +319,7 @@ def write_report(study: plan.Study, runs_dir: str, out_dir: str, state: claims.S
   names = claims_plots.plot_all(study, runs_dir, runs, state, outcomes, out_dir)
   lines += ["## Plots", "", *(f"![{n}]({n})" for n in names), ""]
   lines += _command_lines(study, runs_dir, runs, state)
+  write_tuning_record(study, runs_dir, state, out_dir)
   path = os.path.join(out_dir, "report.md")
   with open(path, "w") as f:
     f.write("\n".join(lines))

@@ -9,9 +9,12 @@ start, then run (or resume) every cell in priority order, then write the report.
   python -m experiments.study --config configs/own_task.py --set loop.batch_prompts=4 --out reports/own_b4  # reshaped
   python -m experiments.study --config configs/claims.py:code --claim1_only --tune_seeds 1000,1001 \
       --beta2_by_strength --shard 0/2 --out reports/code   # claim 1 only, two tuning seeds, one of two processes
+  python -m experiments.study --config configs/claims.py:code ... --tuned reports/code/tuning.json  # reuse a tuning
 
 --task NAME is configs/claims.py:NAME (arithmetic, hard_tail); --config FILE[:ARG] is the file a user trains with
 (experiments/task_config.py splits its eval sets into validation and test: sets named test* are the test).
+Every finished tuning grid is recorded in OUT/tuning.json; --tuned reads one back (checked: the same study and
+tuning seeds, the recorded choice the rule's winner), so the main seeds can run where the tuning runs are gone.
 A config or data problem stops the study before the warm start, naming the file (exit 2).
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 import time
 from typing import Sequence
 
-from experiments import claims, claims_report, plan, stopping, task_config
+from experiments import claims, claims_report, plan, stopping, task_config, tuning_record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="tuning seeds, comma-separated; a point's AUC is the mean over them (default %(default)s)")
   parser.add_argument("--beta2_by_strength", action="store_true",
                       help="set OAPL's beta2 grid from the pilot's measured beta2 share (tuning.STRENGTH_TARGETS)")
+  parser.add_argument("--tuned", metavar="FILE", help="take the tuning from this record (a study's tuning.json: "
+                      "the same study and tuning seeds) instead of running its grid; the pilot still runs")
   parser.add_argument("--shard", metavar="I/N", help="process I of N sharing each stage's cells (each takes the next "
                       "cell no other has claimed), waiting for the others before the next stage (N processes, e.g. one "
                       "per core; shard 0 makes the warm start)")
@@ -66,13 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     study = plan.make_study(args.task, args.config, smoke=args.smoke, secondary=not args.no_secondary, seeds=seeds,
                             sets=sets, tune_seeds=tune_seeds, claim1_only=args.claim1_only,
                             beta2_by_strength=args.beta2_by_strength)
+    recorded, source = tuning_record.read(args.tuned, study.name, tune_seeds) if args.tuned else ({}, "")
   except Exception as e:  # pylint: disable=broad-except  # a bad path, variant or import in the config file
     print(f"error: {e}", file=sys.stderr)
     return 2
   runs_dir = args.runs or os.path.join("runs", "claims_smoke" if args.smoke else "claims")
   claims.enable_compile_cache(os.path.join(runs_dir, "jax_cache"))
   start = time.time()
-  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage, shard=shard)
+  runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage, shard=shard,
+                         recorded=recorded, recorded_from=f"{args.tuned} ({source})" if source else args.tuned or "")
   try:
     with stopping.one_line_stop("claims"):
       state = runner.study_all()

@@ -137,3 +137,34 @@ def test_a_claim_goes_to_one_runner_and_a_dead_holders_claim_is_free(tmp_path):
   taken = claims._claim(workdir)
   assert taken is not None
   os.close(taken)
+
+
+def test_a_tuning_record_stands_for_the_grid_and_is_refused_when_off(tmp_path, monkeypatch):
+  """The record a finished tuning writes (tuning.json) lets another runs dir run the pilot and the main seeds at the
+  recorded choice, running no tuning cell; a record of another study, or whose choice is not the rule's winner of
+  its own scores, is refused."""
+  from experiments import claims_report, tuning_record  # pylint: disable=import-outside-toplevel
+  calls, lock = [], threading.Lock()
+  monkeypatch.setattr(claims, "execute", _fake_execute(calls, lock))
+  monkeypatch.setattr(claims, "warm_start", lambda study, directory: {"val": {}, "test": {}})
+  study = plan.make_study("arithmetic", claim1_only=True, tune_seeds=(1000, 1001), seeds=(0, 1))
+  tuned = claims.Runner(study, str(tmp_path / "a"), stage="tuning")
+  state = tuned.study_all()
+  path = claims_report.write_tuning_record(tuned.study, str(tmp_path / "a"), state, str(tmp_path))
+  recorded, _ = tuning_record.read(path, study.name, (1000, 1001))
+  assert {loss: r.chosen for loss, r in recorded.items()} == state.chosen
+  assert {lr for lr, _ in state.chosen.values()} == {BEST_LR}  # reached past the grid's edge
+  assert recorded["oapl"].extended == state.extended["oapl"] and recorded["oapl"].curves  # curves kept from the runs
+  calls.clear()
+  again = claims.Runner(study, str(tmp_path / "b"), recorded=recorded, recorded_from=path)
+  assert again.study_all().chosen == state.chosen
+  pilot = {c.name for c in plan.pilot_cells(study)}
+  main = {c.name for c in plan.main_cells(again.study, state.chosen)}
+  assert set(calls) == pilot | main and {c.rsplit("/", 1)[1] for c in main} == {"seed0", "seed1"}
+  body = json.load(open(path))
+  with pytest.raises(tuning_record.RecordError, match="not this study"):
+    tuning_record.read(path, "claims_another_task")
+  body["losses"]["grpo"]["chosen"] = [3e-4, 0.2]
+  json.dump(body, open(path, "w"))
+  with pytest.raises(tuning_record.RecordError, match="not the rule's winner"):
+    tuning_record.read(path, study.name)
