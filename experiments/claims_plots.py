@@ -58,7 +58,8 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
     ax.legend(fontsize=7)
     save(fig, "pilot.png")
 
-  if state.tuning:
+  if any(tuning_record.curve(study, runs_dir, state.recorded, loss, setting)
+         for loss, scores in state.tuning.items() for setting in scores):  # a record without curves: no plot
     losses = list(state.tuning)
     fig, axes = plt.subplots(1, len(losses), figsize=(4.2 * len(losses), 3.4), squeeze=False, sharey=True)
     for ax, loss in zip(axes[0], losses):
