@@ -143,7 +143,8 @@ class State:
   strength: Optional[tuning.Strength] = None  # OAPL's beta2 grid by strength (the study's beta2_by_strength)
   extended: dict = dataclasses.field(default_factory=dict)  # loss -> the points added past an edge winner
   recorded: dict = dataclasses.field(default_factory=dict)  # loss -> tuning_record.Recorded taken instead of runs
-  recorded_from: str = ""  # the record's path and source note
+  recorded_from: str = ""  # the record's path
+  recorded_source: str = ""  # the record's own note on where its numbers come from
 
 
 class Runner:
@@ -154,12 +155,12 @@ class Runner:
 
   def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
                stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: float = 30.0,
-               recorded: Optional[dict] = None, recorded_from: str = ""):
+               recorded: Optional[dict] = None, recorded_from: str = "", recorded_source: str = ""):
     if shard is not None and not 0 <= shard[0] < shard[1]:
       raise ValueError(f"shard {shard[0]}/{shard[1]}: expected i/n with 0 <= i < n")
     self.study, self.runs_dir, self.collect, self.only, self.stage = study, runs_dir, collect, only, stage
     self.shard, self.poll_seconds = shard, poll_seconds
-    self.state = State(recorded=dict(recorded or {}), recorded_from=recorded_from)
+    self.state = State(recorded=dict(recorded or {}), recorded_from=recorded_from, recorded_source=recorded_source)
 
   def run_all(self, stage: str, cells: list[plan.Cell]) -> list[Optional[results.RunResult]]:
     """Run (or load) every cell; with shards, each process takes the next cell no other has claimed (so none

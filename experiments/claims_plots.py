@@ -58,9 +58,9 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
     ax.legend(fontsize=7)
     save(fig, "pilot.png")
 
-  if any(tuning_record.curve(study, runs_dir, state.recorded, loss, setting)
-         for loss, scores in state.tuning.items() for setting in scores):  # a record without curves: no plot
-    losses = list(state.tuning)
+  losses = [loss for loss, scores in state.tuning.items()  # a loss recorded without curves has no panel
+            if any(tuning_record.curve(study, runs_dir, state.recorded, loss, setting) for setting in scores)]
+  if losses:
     fig, axes = plt.subplots(1, len(losses), figsize=(4.2 * len(losses), 3.4), squeeze=False, sharey=True)
     for ax, loss in zip(axes[0], losses):
       for i, setting in enumerate(sorted(state.tuning[loss])):

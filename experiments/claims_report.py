@@ -149,7 +149,8 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
     lines.append(f"\n{loss}: the winner sat at an edge; added {', '.join(map(str, added))}.")
   if state.recorded:
     lines.append(f"\n**Tuning taken from a record, not run here** ({', '.join(state.recorded)}): "
-                 f"{state.recorded_from}. The main seeds use its chosen points.")
+                 f"{state.recorded_from}{f' ({state.recorded_source})' if state.recorded_source else ''}. The main "
+                 "seeds use its chosen points.")
     for loss, r in state.recorded.items():
       if off_grid := [p for p in study.grid(loss) if p not in r.scores]:
         lines.append(f"\n{loss}: this study's grid (after its pilot) has points the record lacks: {off_grid}.")
@@ -175,7 +176,7 @@ def write_tuning_record(study: plan.Study, runs_dir: str, state: claims.State, o
     return None
   path = os.path.join(out_dir, tuning_record.FILE)
   tuning_record.write(path, study.name, study.tune_seeds, losses,
-                      source=state.recorded_from or f"the tuning runs in {runs_dir}")
+                      source=state.recorded_source if state.recorded else f"the tuning runs in {runs_dir}")
   return path
 
 

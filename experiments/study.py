@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   claims.enable_compile_cache(os.path.join(runs_dir, "jax_cache"))
   start = time.time()
   runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage, shard=shard,
-                         recorded=recorded, recorded_from=f"{args.tuned} ({source})" if source else args.tuned or "")
+                         recorded=recorded, recorded_from=args.tuned or "", recorded_source=source)
   try:
     with stopping.one_line_stop("claims"):
       state = runner.study_all()

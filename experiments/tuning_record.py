@@ -76,8 +76,9 @@ def read(path: str, study_name: Optional[str] = None, tune_seeds=None) -> tuple[
 
 
 def curve(study: plan.Study, runs_dir: str, recorded: dict, loss: str, setting) -> list:
-  """A tuning point's validation curve on the first tuning seed: from its run, else from the record ([] if none)."""
+  """A tuning point's validation curve on the first tuning seed ([] if none): a recorded loss's from its record
+  (a run of the same cell here, such as the pilot's, is another run), any other loss's from its run."""
+  if loss in recorded:
+    return list(recorded[loss].curves.get(setting, []))
   r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
-  if r is not None:
-    return list(r.curve())
-  return list(recorded[loss].curves.get(setting, [])) if loss in recorded else []
+  return list(r.curve()) if r is not None else []
