@@ -126,9 +126,7 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
       continue
     for setting in sorted(scores):
       cells = plan.tuning_cells(study, loss, [setting])
-      curve = tuning_record.curve(study, runs_dir, state.recorded, loss, setting)
-      final = curve[-1][1] if curve else state.recorded[loss].finals.get(setting, float("nan")) if (
-          loss in state.recorded) else float("nan")
+      final = tuning_record.final(study, runs_dir, state.recorded, loss, setting)
       ran = sum(results.is_done(os.path.join(runs_dir, c.name)) for c in cells)
       score = _f(scores[setting]) if scores[setting] is not None else (
           f"{ran} of {len(cells)} seeds run" if ran else "not run")
@@ -168,15 +166,17 @@ def write_tuning_record(study: plan.Study, runs_dir: str, state: claims.State, o
     if loss not in state.chosen or not scores or None in scores.values():
       continue
     curves = {s: c for s in scores if (c := tuning_record.curve(study, runs_dir, state.recorded, loss, s))}
-    finals = {s: (curves[s][-1][1] if s in curves else state.recorded[loss].finals.get(s, float("nan"))
-                  if loss in state.recorded else float("nan")) for s in scores}
+    finals = {s: tuning_record.final(study, runs_dir, state.recorded, loss, s) for s in scores}
     losses[loss] = tuning_record.Recorded(scores=dict(scores), chosen=tuple(state.chosen[loss]),
                                           extended=list(state.extended.get(loss, [])), finals=finals, curves=curves)
   if not losses:
     return None
+  from_runs = [loss for loss in losses if loss not in state.recorded]
+  recorded = state.recorded_source or state.recorded_from
+  source = (f"the tuning runs in {runs_dir}" if not state.recorded else recorded if not from_runs else
+            f"{', '.join(state.recorded)}: {recorded}; {', '.join(from_runs)}: the tuning runs in {runs_dir}")
   path = os.path.join(out_dir, tuning_record.FILE)
-  tuning_record.write(path, study.name, study.tune_seeds, losses,
-                      source=state.recorded_source if state.recorded else f"the tuning runs in {runs_dir}")
+  tuning_record.write(path, study.name, study.tune_seeds, losses, source=source)
   return path
 
 

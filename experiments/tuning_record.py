@@ -82,3 +82,10 @@ def curve(study: plan.Study, runs_dir: str, recorded: dict, loss: str, setting) 
     return list(recorded[loss].curves.get(setting, []))
   r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
   return list(r.curve()) if r is not None else []
+
+
+def final(study: plan.Study, runs_dir: str, recorded: dict, loss: str, setting) -> float:
+  """A tuning point's final validation pass@1 on the first tuning seed (the curve's last value, else the record's)."""
+  if points := curve(study, runs_dir, recorded, loss, setting):
+    return points[-1][1]
+  return recorded[loss].finals.get(setting, float("nan")) if loss in recorded else float("nan")
