@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from typing import Sequence
 
 import numpy as np
@@ -76,15 +77,15 @@ def forest(rows: list[tuple[str, paired_stats.Paired]], pooled: Pooled, claim: s
     y = len(rows) - i
     ax.errorbar(s.mean, y, xerr=[[s.mean - s.ci_low], [s.ci_high - s.mean]], fmt="s", color="C0", capsize=3)
     ax.plot(s.diffs, [y] * len(s.diffs), ".", color="C0", alpha=0.3)
-  left = ax.get_xlim()[0]
-  for i, (label, s) in enumerate(rows):
-    ax.text(left, len(rows) - i + 0.25, f"{label} (n={s.n})", fontsize=7)
+  for i, (label, s) in enumerate(rows):  # x in axes fractions: the label starts inside the frame
+    ax.text(0.01, len(rows) - i + 0.25, f"{label} (n={s.n})", fontsize=7, transform=ax.get_yaxis_transform())
   ax.errorbar(pooled.mean, 0, xerr=[[pooled.mean - pooled.ci_low], [pooled.ci_high - pooled.mean]], fmt="D",
               color="k", capsize=4)
-  ax.text(pooled.mean, -0.45, f"pooled over {pooled.tasks} tasks: {pooled.mean:+.3f} "
-          f"[{pooled.ci_low:+.3f}, {pooled.ci_high:+.3f}], stratified p {pooled.p:.3g}", ha="center", fontsize=7)
+  ax.text(0.01, -0.55, f"pooled over {pooled.tasks} tasks: {pooled.mean:+.3f} [{pooled.ci_low:+.3f}, "
+          f"{pooled.ci_high:+.3f}], stratified p {pooled.p:.3g}", fontsize=7, transform=ax.get_yaxis_transform())
   ax.axvline(0, color="k", lw=0.8, ls="--")
-  ax.set(yticks=[], ylim=(-1, len(rows) + 0.8), xlabel="paired difference per seed (A - B)", title=claim[:90])
+  ax.set(yticks=[], ylim=(-1, len(rows) + 0.8), xlabel="paired difference per seed (A - B)")
+  ax.set_title(textwrap.fill(claim, 100), fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
