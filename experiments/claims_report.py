@@ -218,26 +218,35 @@ def _secondary_lines(study: plan.Study, runs, primary: str) -> list[str]:
 
 def _arm_lines(study: plan.Study, runs, state: claims.State) -> list[str]:
   lines = ["## Arms (means over seeds, for orientation only: the claims above rest on paired differences)", "",
-           "| arm | loss | shape | L | setting | generations/step | n | test pass@1 | late entropy | "
+           "| arm | loss | shape | L | setting | generations/step | n | test pass@1 | collapsed | late entropy | "
            + " | ".join(f"gens to {t}" for t in claims_stats.TARGETS) + " | GRPO clip fraction |",
-           "|---|---|---|---|---|---|---|---|---|" + "---|" * len(claims_stats.TARGETS) + "---|"]
+           "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(claims_stats.TARGETS) + "---|"]
+  warm = warm_test_pass1(state)
   for key, arm in study.arms().items():
     rs = list(runs.get(key, {}).values())
     if not rs:
       chosen = _setting(arm.loss, state.chosen[arm.loss]) if arm.loss in state.chosen else "untuned"
       lines.append(f"| {key} | {arm.loss} | {arm.shape} | {arm.lag} | {chosen} | | 0 | "
-                   + "| " * (3 + len(claims_stats.TARGETS)))
+                   + "| " * (4 + len(claims_stats.TARGETS)))
       continue
     gens = [f"{np.median([r.generations_to(t) for r in rs]):.0f}" for t in claims_stats.TARGETS]
     clip = np.mean([r.train_mean("clip_fraction") for r in rs]) if arm.loss.startswith("grpo") else float("nan")
     pass1 = f"{np.mean([r.test_mean('pass@1') for r in rs]):.3f}"
+    collapsed = f"{sum(r.test_mean('pass@1') < warm for r in rs)}/{len(rs)}" if np.isfinite(warm) else ""
     lines.append(f"| {key} | {arm.loss} | {arm.shape} | {arm.lag} | {_setting(arm.loss, rs[0].cell.setting)} | "
-                 f"{rs[0].generations_per_step:g} | {len(rs)} | {pass1} | "
+                 f"{rs[0].generations_per_step:g} | {len(rs)} | {pass1} | {collapsed} | "
                  f"{np.mean([claims_stats.late_entropy(r) for r in rs]):.3f} | " + " | ".join(gens)
                  + f" | {_f(clip, 4) if np.isfinite(clip) else ''} |")
   lines.append("\ngens to t: median over seeds of the generations before validation pass@1 first reached t (inf: "
-               "never; nan: the warm start was already there).")
+               "never; nan: the warm start was already there). collapsed: seeds whose final test pass@1 fell below "
+               f"the warm start's ({_f(warm)}).")
   return lines + [""]
+
+
+def warm_test_pass1(state: claims.State) -> float:
+  """The warm start's test pass@1, averaged over the test sets as a run's is (nan when unknown)."""
+  sets = (state.warm or {}).get("test", {})
+  return float(np.mean([m["pass@1"] for m in sets.values()])) if sets else float("nan")
 
 
 def pairing_problems(study: plan.Study, runs_dir: str, runs) -> list[str]:

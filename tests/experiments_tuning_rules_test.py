@@ -168,3 +168,21 @@ def test_a_tuning_record_stands_for_the_grid_and_is_refused_when_off(tmp_path, m
   json.dump(body, open(path, "w"))
   with pytest.raises(tuning_record.RecordError, match="not the rule's winner"):
     tuning_record.read(path, study.name)
+
+
+def test_the_arms_table_counts_seeds_that_fell_below_the_warm_start(tmp_path, monkeypatch):
+  from experiments import claims_report  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(claims, "execute", _fake_execute([], threading.Lock()))
+  monkeypatch.setattr(claims, "warm_start", lambda study, directory: {"val": {}, "test": {}})
+  study = plan.make_study("arithmetic", claim1_only=True, seeds=(0, 1))
+  runner = claims.Runner(study, str(tmp_path))
+  state = runner.study_all()
+  runs = claims_report.collect(runner.study, str(tmp_path), state)
+  finals = sorted(r.test_mean("pass@1") for r in runs["oapl_L50"].values())
+  for warm, below in ((finals[0] - 0.01, 0), ((finals[0] + finals[1]) / 2, 1), (finals[1] + 0.01, 2)):
+    state.warm = {"test": {"test": {"pass@1": warm}}}
+    row = next(l for l in claims_report._arm_lines(runner.study, runs, state) if l.startswith("| oapl_L50 |"))
+    assert row.split(" | ")[8] == f"{below}/2", (warm, finals, row)
+  state.warm = None  # unknown: left blank, not a count
+  row = next(l for l in claims_report._arm_lines(runner.study, runs, state) if l.startswith("| oapl_L50 |"))
+  assert row.split(" | ")[8] == ""
