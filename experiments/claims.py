@@ -126,6 +126,7 @@ def warm_start(study: plan.Study, directory: str) -> dict:
 
 # ------------------------------------------------------------------------------ the study
 STAGES = ("pilot", "tuning", "main", "all")
+POLL_SECONDS = 30.0  # how often a shard looks whether the others finished a stage
 
 
 @dataclasses.dataclass
@@ -154,30 +155,37 @@ class Runner:
   pilot (its OAPL grid): report from runner.study."""
 
   def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
-               stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: float = 30.0,
+               stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: Optional[float] = None,
                recorded: Optional[dict] = None, recorded_from: str = "", recorded_source: str = ""):
     if shard is not None and not 0 <= shard[0] < shard[1]:
       raise ValueError(f"shard {shard[0]}/{shard[1]}: expected i/n with 0 <= i < n")
     self.study, self.runs_dir, self.collect, self.only, self.stage = study, runs_dir, collect, only, stage
-    self.shard, self.poll_seconds = shard, poll_seconds
+    self.shard, self.poll_seconds = shard, POLL_SECONDS if poll_seconds is None else poll_seconds
     self.state = State(recorded=dict(recorded or {}), recorded_from=recorded_from, recorded_source=recorded_source)
 
   def run_all(self, stage: str, cells: list[plan.Cell]) -> list[Optional[results.RunResult]]:
     """Run (or load) every cell; with shards, each process takes the next cell no other has claimed (so none
     idles while cells remain), then waits for the rest."""
     sharded = self.shard is not None and self.shard[1] > 1 and not self.collect and self.only is None
-    for cell in cells:
-      if not sharded:
-        self.run(stage, cell)
-        continue
-      workdir = os.path.join(self.runs_dir, cell.name)
-      claim = None if results.is_done(workdir) else _claim(workdir)
-      if claim is None:
-        continue
+    workdirs = [os.path.join(self.runs_dir, cell.name) for cell in cells]
+    ran_seconds = []  # cells this process ran, for the ETA
+    for cell, workdir in zip(cells, workdirs):
+      claim = None
+      if sharded:
+        claim = None if results.is_done(workdir) else _claim(workdir)
+        if claim is None:
+          continue
+      was_done, start = results.is_done(workdir), time.time()
       try:
         self.run(stage, cell)
       finally:
-        os.close(claim)  # the lock goes with it
+        if claim is not None:
+          os.close(claim)  # the lock goes with it
+      if not was_done and results.is_done(workdir):
+        ran_seconds.append(time.time() - start)
+        left = sum(not results.is_done(w) for w in workdirs) / (self.shard[1] if sharded else 1)
+        print(f"[claims] {stage}: {sum(map(results.is_done, workdirs))}/{len(cells)} cells done; ~"
+              f"{left * sum(ran_seconds) / len(ran_seconds) / 60:.0f} min left at this pace", flush=True)
     if sharded:
       self._wait([os.path.join(self.runs_dir, c.name) for c in cells])
     return [results.load(self.runs_dir, cell) for cell in cells]

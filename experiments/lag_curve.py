@@ -4,6 +4,7 @@
   python -m experiments.lag_curve --task sort --out reports/claims_v4/lag_sort --seeds 0,1,2
   python -m experiments.lag_curve --task digits3 --out ... --collect                   # report only
   python -m experiments.lag_curve --task sort --smoke --out /tmp/lag_smoke             # CI size, minutes
+  for i in 0 1; do python -m experiments.lag_curve --task sort --out ... --shard $i/2 & done  # one per core
 
 The plan and its rules: experiments/lag_plan.py (written before the runs). The runs are the claims study's
 (same warm start, same run directories under --runs, same per-run test eval), so an interrupted curve resumes
@@ -26,8 +27,8 @@ def tune_grpo(runner: claims.Runner, task: lag_plan.LagTask) -> tuple[dict, floa
   aucs: dict[float, list] = {}
   lrs = list(lag_plan.GRPO_LRS)
   for _ in range(lag_plan.MAX_EXTENSIONS + 1):
-    for cell in lag_plan.tuning_cells(task, runner.study, [lr for lr in lrs if lr not in aucs]):
-      result = runner.run("grpo lr at L = 50", cell)
+    cells = lag_plan.tuning_cells(task, runner.study, [lr for lr in lrs if lr not in aucs])
+    for cell, result in zip(cells, runner.run_all("grpo lr at L = 50", cells)):
       aucs.setdefault(cell.lr, []).append(tuning.auc(result.curve()) if result is not None else None)
     winner = lag_plan.choose_lr(aucs)
     nxt = lag_plan.extend(lrs, winner) if winner is not None and len(aucs) == len(lrs) else None
@@ -39,26 +40,18 @@ def tune_grpo(runner: claims.Runner, task: lag_plan.LagTask) -> tuple[dict, floa
 
 
 def run_curve(task: lag_plan.LagTask, runs_dir: str, out: str, smoke: bool, collect: bool,
-              seeds: Sequence[int] | None) -> str:
+              seeds: Sequence[int] | None, shard: tuple[int, int] | None = None) -> str:
   study = lag_plan.study_of(task, smoke=smoke)
   seeds = tuple(seeds) if seeds else study.seeds if smoke else lag_plan.SEEDS
-  runner = claims.Runner(study, runs_dir, collect=collect)
+  runner = claims.Runner(study, runs_dir, collect=collect, shard=shard)
   warm = runner.warm()
   aucs, lr = tune_grpo(runner, task)
   print(f"[lag] {task.name}: GRPO lr at L = 50 -> {lr} (mean validation AUC per lr: "
         + ", ".join(f"{k:g}: {v}" for k, v in aucs.items()) + ")", flush=True)
-  runner = claims.Runner(lag_plan.main_study(study), runs_dir, collect=collect)
+  runner = claims.Runner(lag_plan.main_study(study), runs_dir, collect=collect, shard=shard)
   runner.state.warm = warm
   cells = lag_plan.main_cells(task, runner.study, lr, seeds) if lr is not None else []
-  done = 0
-  for i, cell in enumerate(cells):
-    start = time.time()
-    ran = runner.run(f"lag curve {i + 1}/{len(cells)}", cell) is not None
-    done += ran
-    if ran and not collect:
-      left = len(cells) - i - 1
-      print(f"[lag]   {i + 1}/{len(cells)} cells; ~{left * (time.time() - start) / 60:.0f} min left at this pace",
-            flush=True)
+  runner.run_all("lag curve", cells)
   return lag_report.write(task, runner.study, runs_dir, out, warm, aucs, lr, cells)
 
 
@@ -70,14 +63,19 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--seeds", help="main seeds, comma-separated (default 0..4)")
   parser.add_argument("--smoke", action="store_true", help="S = 4, lags 1, 2, 4, 2 seeds (CI size)")
   parser.add_argument("--collect", action="store_true", help="only write the report from the runs that exist")
+  parser.add_argument("--shard", metavar="I/N", help="process I of N sharing the cells, as experiments.study's "
+                      "(one per core; shard 0 makes the warm start)")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  shard = tuple(int(x) for x in args.shard.split("/")) if args.shard else None
+  if shard is not None and (len(shard) != 2 or not 0 <= shard[0] < shard[1]):
+    parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N, e.g. 0/2")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
   claims.enable_compile_cache(os.path.join(args.runs, "jax_cache"))
   start = time.time()
   with stopping.one_line_stop("lag"):
-    path = run_curve(lag_plan.TASKS[args.task], args.runs, args.out, args.smoke, args.collect, seeds)
+    path = run_curve(lag_plan.TASKS[args.task], args.runs, args.out, args.smoke, args.collect, seeds, shard)
   print(f"[lag] report: {path} ({time.time() - start:.0f}s)", flush=True)
   return 0
 

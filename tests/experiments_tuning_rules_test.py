@@ -1,6 +1,7 @@
 """The study's tuning rules (experiments/tuning.py, plan.py, claims.Runner): the edge extension, OAPL's beta2 grid by
 strength, several tuning seeds, a claim-1 study, and shards that split a stage's cells and meet at its end. The
 runs are stand-ins written by a fake `claims.execute` whose validation curve is a known function of the setting."""
+import functools
 import json
 import math
 import os
@@ -83,6 +84,16 @@ def _fake_execute(calls, lock):
   return execute
 
 
+def _run_together(functions, timeout_s=120):
+  """Each function in its own thread (a shard each), all started at once; fails if one has not ended in time."""
+  threads = [threading.Thread(target=f, daemon=True) for f in functions]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=timeout_s)
+  assert not any(t.is_alive() for t in threads)
+
+
 def test_shards_run_each_cell_once_extend_past_the_edge_and_agree(tmp_path, monkeypatch):
   calls, lock = [], threading.Lock()
   monkeypatch.setattr(claims, "execute", _fake_execute(calls, lock))
@@ -92,12 +103,7 @@ def test_shards_run_each_cell_once_extend_past_the_edge_and_agree(tmp_path, monk
   monkeypatch.setattr(claims, "warm_start", warm_start)
   study = plan.make_study("arithmetic", claim1_only=True, tune_seeds=(1000, 1001), beta2_by_strength=True)
   runners = [claims.Runner(study, str(tmp_path), stage="tuning", shard=(i, 2), poll_seconds=0.01) for i in range(2)]
-  threads = [threading.Thread(target=r.study_all, daemon=True) for r in runners]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(timeout=120)
-  assert not any(t.is_alive() for t in threads)
+  _run_together([r.study_all for r in runners])
   assert len(calls) == len(set(calls))  # no cell ran twice
   a, b = (r.state for r in runners)
   assert a.strength.values == b.strength.values == (0.015, 0.15, 1.5)  # share 0.25 x 2 / 1 = 0.5 at beta2 0.25
@@ -186,3 +192,25 @@ def test_the_arms_table_counts_seeds_that_fell_below_the_warm_start(tmp_path, mo
   state.warm = None  # unknown: left blank, not a count
   row = next(l for l in claims_report._arm_lines(runner.study, runs, state) if l.startswith("| oapl_L50 |"))
   assert row.split(" | ")[8] == ""
+
+
+def test_lag_curve_shards_split_the_cells_and_agree_on_the_lr(tmp_path, monkeypatch):
+  from experiments import lag_curve, lag_plan, lag_report  # pylint: disable=import-outside-toplevel
+  calls, lock, reports = [], threading.Lock(), []
+  monkeypatch.setattr(claims, "execute", _fake_execute(calls, lock))
+  monkeypatch.setattr(claims, "POLL_SECONDS", 0.01)
+  def warm_start(study, directory):  # shard 0 makes it; the other waits for its eval.json
+    results.write_json(os.path.join(directory, "eval.json"), {"val": {}, "test": {}})
+    return {"val": {}, "test": {}}
+  monkeypatch.setattr(claims, "warm_start", warm_start)
+  monkeypatch.setattr(lag_report, "write", lambda task, study, runs_dir, out, warm, aucs, lr, cells: reports.append(
+      (lr, [c.name for c in cells])) or out)
+  task = lag_plan.TASKS["digits3"]
+  _run_together([functools.partial(lag_curve.run_curve, task, str(tmp_path), str(tmp_path / f"out{i}"), False, False,
+                                    (0,), (i, 2)) for i in range(2)])
+  assert len(calls) == len(set(calls))  # no cell ran twice
+  sharded = set(calls)
+  calls.clear()
+  lag_curve.run_curve(task, str(tmp_path / "one"), str(tmp_path / "out"), False, False, (0,))  # one process
+  assert reports[0] == reports[1] == reports[2]  # the same lr and cells, sharded or not
+  assert sharded == set(calls) and len(calls) > 8  # the same cells ran: GRPO's tuning, then both losses at 4 lags
