@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Sequence
 
-from experiments import claims, claims_report, plan, stopping, task_config, tuning_record
+from experiments import claims, claims_report, plan, run_archive, stopping, task_config, tuning_record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="set OAPL's beta2 grid from the pilot's measured beta2 share (tuning.STRENGTH_TARGETS)")
   parser.add_argument("--tuned", metavar="FILE", help="take the tuning from this record (a study's tuning.json: "
                       "the same study and tuning seeds) instead of running its grid; the pilot still runs")
+  parser.add_argument("--archive", action="store_true", help="also write OUT/runs.tar.gz: the finished runs without "
+                      "checkpoints (what --collect reads), so the report can be collected on another machine")
   parser.add_argument("--shard", metavar="I/N", help="process I of N sharing each stage's cells (each takes the next "
                       "cell no other has claimed), waiting for the others before the next stage (N processes, e.g. one "
                       "per core; shard 0 makes the warm start)")
@@ -88,6 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   path = claims_report.write_report(runner.study, runs_dir, args.out, state, elapsed=time.time() - start)
   print(f"[claims] report: {path} ({time.time() - start:.0f}s)", flush=True)
+  if args.archive:
+    archive, count = run_archive.write(runs_dir, run_archive.finished_runs(os.path.join(runs_dir, runner.study.name)),
+                                       claims.warm_dir_of(runs_dir, runner.study), args.out)
+    print(f"[claims] {count} finished runs, without checkpoints: {archive} ({os.path.getsize(archive) / 1e6:.1f} MB)",
+          flush=True)
   if state.stopped:
     print(f"[claims] stopped: {state.stopped}", flush=True)
   return 0

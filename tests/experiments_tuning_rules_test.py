@@ -214,3 +214,34 @@ def test_lag_curve_shards_split_the_cells_and_agree_on_the_lr(tmp_path, monkeypa
   lag_curve.run_curve(task, str(tmp_path / "one"), str(tmp_path / "out"), False, False, (0,))  # one process
   assert reports[0] == reports[1] == reports[2]  # the same lr and cells, sharded or not
   assert sharded == set(calls) and len(calls) > 8  # the same cells ran: GRPO's tuning, then both losses at 4 lags
+
+
+def test_the_run_archive_collects_the_same_report_elsewhere(tmp_path, monkeypatch):
+  """study --archive's file, extracted into another runs directory, gives --collect the same decisions and claims."""
+  import tarfile  # pylint: disable=import-outside-toplevel
+  from experiments import claims_report, run_archive  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(claims, "execute", _fake_execute([], threading.Lock()))
+  def warm_start(study, directory):
+    results.write_json(os.path.join(directory, "eval.json"), {"val": {}, "test": {"test": {"pass@1": 0.1}}})
+    return results.read_json(os.path.join(directory, "eval.json"))
+  monkeypatch.setattr(claims, "warm_start", warm_start)
+  study = plan.make_study("arithmetic", claim1_only=True, seeds=(0, 1))
+  runs, elsewhere = str(tmp_path / "runs"), str(tmp_path / "elsewhere")
+  runner = claims.Runner(study, runs)
+  runner.study_all()
+  os.makedirs(tmp_path / "out")
+  path, count = run_archive.write(runs, run_archive.finished_runs(os.path.join(runs, study.name)),
+                                  claims.warm_dir_of(runs, study), str(tmp_path / "out"))
+  assert count == len(run_archive.finished_runs(runs)) > 4  # the pilot, the tuning grid, two main seeds per arm
+  with tarfile.open(path) as tar:
+    assert not [n for n in tar.getnames() if "checkpoint" in n]
+    tar.extractall(elsewhere)
+  collected = claims.Runner(study, elsewhere, collect=True)
+  state = collected.study_all()
+  assert state.chosen == runner.state.chosen and state.warm == runner.state.warm
+  assert state.tuning == runner.state.tuning and state.primary_metric == runner.state.primary_metric
+  here, there = (claims_report.collect(r.study, d, r.state) for r, d in ((runner, runs), (collected, elsewhere)))
+  assert claims_report._arm_lines(collected.study, there, state) == claims_report._arm_lines(runner.study, here,
+                                                                                              runner.state)
+  final = lambda rs: {a: {s: r.test_mean("pass@1") for s, r in by_seed.items()} for a, by_seed in rs.items()}  # noqa
+  assert final(there) == final(here) and set(there) == {"oapl_L50", "grpo_obo"}

@@ -1,0 +1,39 @@
+"""A study's finished runs without their checkpoints, in one file beside its report (`study --archive`): each run's
+config, metrics, summary and final eval, and the warm start's eval, which is all a report is collected from.
+Run directories live on one machine; the archive goes with the report, so the study can be collected again
+elsewhere: `tar -xzf OUT/runs.tar.gz -C R`, then the same command with `--runs R --collect`.
+"""
+from __future__ import annotations
+
+import os
+import tarfile
+from typing import Iterable
+
+from experiments import results
+
+FILE = "runs.tar.gz"
+KEPT = ("config.json", results.FINAL_EVAL, "summary.json", "metrics.jsonl")  # a run's files a report reads
+
+
+def write(runs_dir: str, workdirs: Iterable[str], warm_dir: str, out_dir: str) -> tuple[str, int]:
+  """OUT/runs.tar.gz with the kept files of every finished run among `workdirs` and the warm start's eval,
+  paths relative to `runs_dir`; (its path, the number of runs in it). Written whole, then moved into place."""
+  path, count = os.path.join(out_dir, FILE), 0
+  with tarfile.open(path + ".tmp", "w:gz") as tar:
+    for workdir in workdirs:
+      if not results.is_done(workdir):
+        continue
+      count += 1
+      for name in KEPT:
+        if os.path.exists(os.path.join(workdir, name)):
+          tar.add(os.path.join(workdir, name), os.path.relpath(os.path.join(workdir, name), runs_dir))
+    warm_eval = os.path.join(warm_dir, "eval.json")
+    if os.path.exists(warm_eval):
+      tar.add(warm_eval, os.path.relpath(warm_eval, runs_dir))
+  os.replace(path + ".tmp", path)
+  return path, count
+
+
+def finished_runs(root: str) -> list[str]:
+  """Every finished run directory under `root` (a study's directory), sorted."""
+  return sorted(d for d, _, files in os.walk(root) if results.FINAL_EVAL in files)
