@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Sequence
 
-from experiments import claims, lag_plan, lag_report, stopping, tuning
+from experiments import claims, lag_plan, lag_report, run_archive, stopping, tuning
 
 
 def tune_grpo(runner: claims.Runner, task: lag_plan.LagTask) -> tuple[dict, float | None]:
@@ -63,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--seeds", help="main seeds, comma-separated (default 0..4)")
   parser.add_argument("--smoke", action="store_true", help="S = 4, lags 1, 2, 4, 2 seeds (CI size)")
   parser.add_argument("--collect", action="store_true", help="only write the report from the runs that exist")
+  parser.add_argument("--archive", action="store_true", help="also write OUT/runs.tar.gz: the finished runs without "
+                      "checkpoints (what --collect reads)")
   parser.add_argument("--shard", metavar="I/N", help="process I of N sharing the cells, as experiments.study's "
                       "(one per core; shard 0 makes the warm start)")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -77,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   with stopping.one_line_stop("lag"):
     path = run_curve(lag_plan.TASKS[args.task], args.runs, args.out, args.smoke, args.collect, seeds, shard)
   print(f"[lag] report: {path} ({time.time() - start:.0f}s)", flush=True)
+  if args.archive:
+    study = lag_plan.study_of(lag_plan.TASKS[args.task], smoke=args.smoke)
+    archive, count = run_archive.write(args.runs, run_archive.finished_runs(os.path.join(args.runs, study.name)),
+                                       claims.warm_dir_of(args.runs, study), args.out)
+    print(f"[lag] {count} finished runs, without checkpoints: {archive}", flush=True)
   return 0
 
 
