@@ -28,7 +28,7 @@ import os
 import time
 from typing import Optional
 
-from experiments import lag_stats, plan, results, task_config, tuning
+from experiments import lag_stats, plan, results, task_config, tuning, tuning_record
 
 FINAL_SEED_OFFSET = 104_729  # the test eval's seed: the run's eval seed + this (the same for paired cells)
 FINAL_SAMPLES = (32, (1, 4, 8, 16, 32))
@@ -129,6 +129,19 @@ STAGES = ("pilot", "tuning", "main", "all")
 POLL_SECONDS = 30.0  # how often a shard looks whether the others finished a stage
 
 
+def parse_shard(text: Optional[str]) -> Optional[tuple[int, int]]:
+  """--shard I/N as (i, n), None for None; ValueError naming the flag otherwise."""
+  if not text:
+    return None
+  try:
+    shard = tuple(int(x) for x in text.split("/"))
+  except ValueError:
+    shard = ()
+  if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
+    raise ValueError(f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/2")
+  return shard
+
+
 @dataclasses.dataclass
 class State:
   """What the study decided so far (the report reads it)."""
@@ -143,9 +156,12 @@ class State:
   checked: Optional[list] = None  # the preflight's warnings (None: not checked in this invocation)
   strength: Optional[tuning.Strength] = None  # OAPL's beta2 grid by strength (the study's beta2_by_strength)
   extended: dict = dataclasses.field(default_factory=dict)  # loss -> the points added past an edge winner
-  recorded: dict = dataclasses.field(default_factory=dict)  # loss -> tuning_record.Recorded taken instead of runs
-  recorded_from: str = ""  # the record's path
-  recorded_source: str = ""  # the record's own note on where its numbers come from
+  record: Optional[tuning_record.Record] = None  # a tuning taken from its record instead of runs (study --tuned)
+
+  @property
+  def recorded(self) -> dict:
+    """loss -> tuning_record.Recorded, for the losses whose tuning came from the record."""
+    return self.record.losses if self.record is not None else {}
 
 
 class Runner:
@@ -156,12 +172,12 @@ class Runner:
 
   def __init__(self, study: plan.Study, runs_dir: str, collect: bool = False, only: Optional[str] = None,
                stage: str = "all", shard: Optional[tuple[int, int]] = None, poll_seconds: Optional[float] = None,
-               recorded: Optional[dict] = None, recorded_from: str = "", recorded_source: str = ""):
+               record: Optional[tuning_record.Record] = None):
     if shard is not None and not 0 <= shard[0] < shard[1]:
       raise ValueError(f"shard {shard[0]}/{shard[1]}: expected i/n with 0 <= i < n")
     self.study, self.runs_dir, self.collect, self.only, self.stage = study, runs_dir, collect, only, stage
     self.shard, self.poll_seconds = shard, POLL_SECONDS if poll_seconds is None else poll_seconds
-    self.state = State(recorded=dict(recorded or {}), recorded_from=recorded_from, recorded_source=recorded_source)
+    self.state = State(record=record)
 
   def run_all(self, stage: str, cells: list[plan.Cell]) -> list[Optional[results.RunResult]]:
     """Run (or load) every cell; with shards, each process takes the next cell no other has claimed (so none
@@ -183,9 +199,10 @@ class Runner:
           os.close(claim)  # the lock goes with it
       if not was_done and results.is_done(workdir):
         ran_seconds.append(time.time() - start)
-        left = sum(not results.is_done(w) for w in workdirs) / (self.shard[1] if sharded else 1)
-        print(f"[claims] {stage}: {sum(map(results.is_done, workdirs))}/{len(cells)} cells done; ~"
-              f"{left * sum(ran_seconds) / len(ran_seconds) / 60:.0f} min left at this pace", flush=True)
+        done = sum(map(results.is_done, workdirs))
+        per_cell = sum(ran_seconds) / len(ran_seconds)
+        minutes = (len(cells) - done) / (self.shard[1] if sharded else 1) * per_cell / 60
+        print(f"[claims] {stage}: {done}/{len(cells)} cells done; ~{minutes:.0f} min left at this pace", flush=True)
     if sharded:
       self._wait([os.path.join(self.runs_dir, c.name) for c in cells])
     return [results.load(self.runs_dir, cell) for cell in cells]
@@ -233,7 +250,7 @@ class Runner:
         self.state.tuning[loss], self.state.chosen[loss] = dict(r.scores), r.chosen
         if r.extended:
           self.state.extended[loss] = list(r.extended)
-        print(f"[claims] {loss}: tuning taken from {self.state.recorded_from}: {len(r.scores)} points, chosen "
+        print(f"[claims] {loss}: tuning taken from {self.state.record.path}: {len(r.scores)} points, chosen "
               f"{r.chosen}", flush=True)
         if off_grid := [p for p in self.study.grid(loss) if p not in r.scores]:
           print(f"[claims] {loss}: warning: this study's grid has points the record lacks: {off_grid}", flush=True)

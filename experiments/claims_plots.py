@@ -58,13 +58,14 @@ def plot_all(study: plan.Study, runs_dir: str, runs, state, outcomes, out_dir: s
     ax.legend(fontsize=7)
     save(fig, "pilot.png")
 
-  losses = [loss for loss, scores in state.tuning.items()  # a loss recorded without curves has no panel
-            if any(tuning_record.curve(study, runs_dir, state.recorded, loss, setting) for setting in scores)]
+  curves = {loss: {s: tuning_record.point(study, runs_dir, state.recorded, loss, s)[0] for s in sorted(scores)}
+            for loss, scores in state.tuning.items()}
+  losses = [loss for loss, by_setting in curves.items() if any(by_setting.values())]  # no curves: no panel
   if losses:
     fig, axes = plt.subplots(1, len(losses), figsize=(4.2 * len(losses), 3.4), squeeze=False, sharey=True)
     for ax, loss in zip(axes[0], losses):
-      for i, setting in enumerate(sorted(state.tuning[loss])):
-        if curve := tuning_record.curve(study, runs_dir, state.recorded, loss, setting):
+      for i, (setting, curve) in enumerate(curves[loss].items()):
+        if curve:
           ax.plot(*zip(*curve), color=f"C{i}", lw=2.5 if state.chosen.get(loss) == setting else 1,
                   label=f"lr {setting[0]:g}, {plan.KNOBS[loss][0].rsplit('.', 1)[1]} {setting[1]:g}")
       ax.set(title=f"tuning: {loss}", xlabel="trainer step", ylabel="val pass@1")

@@ -126,7 +126,7 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
       continue
     for setting in sorted(scores):
       cells = plan.tuning_cells(study, loss, [setting])
-      final = tuning_record.final(study, runs_dir, state.recorded, loss, setting)
+      _, final = tuning_record.point(study, runs_dir, state.recorded, loss, setting)
       ran = sum(results.is_done(os.path.join(runs_dir, c.name)) for c in cells)
       score = _f(scores[setting]) if scores[setting] is not None else (
           f"{ran} of {len(cells)} seeds run" if ran else "not run")
@@ -145,10 +145,11 @@ def _tuning_lines(study: plan.Study, runs_dir: str, state: claims.State) -> list
     lines.append(f"\nNo point finished on every tuning seed yet: {', '.join(done)}.")
   for loss, added in state.extended.items():
     lines.append(f"\n{loss}: the winner sat at an edge; added {', '.join(map(str, added))}.")
-  if state.recorded:
-    lines.append(f"\n**Tuning taken from a record, not run here** ({', '.join(state.recorded)}): "
-                 f"{state.recorded_from}{f' ({state.recorded_source})' if state.recorded_source else ''}. The main "
-                 "seeds use its chosen points.")
+  if state.record is not None:
+    record = state.record
+    lines.append(f"\n**Tuning taken from a record, not run here** ({', '.join(record.losses)}): "
+                 f"{record.path}{f' ({record.source})' if record.source else ''}. The main seeds use its chosen "
+                 "points.")
     for loss, r in state.recorded.items():
       if off_grid := [p for p in study.grid(loss) if p not in r.scores]:
         lines.append(f"\n{loss}: this study's grid (after its pilot) has points the record lacks: {off_grid}.")
@@ -165,18 +166,19 @@ def write_tuning_record(study: plan.Study, runs_dir: str, state: claims.State, o
   for loss, scores in state.tuning.items():
     if loss not in state.chosen or not scores or None in scores.values():
       continue
-    curves = {s: c for s in scores if (c := tuning_record.curve(study, runs_dir, state.recorded, loss, s))}
-    finals = {s: tuning_record.final(study, runs_dir, state.recorded, loss, s) for s in scores}
+    points = {s: tuning_record.point(study, runs_dir, state.recorded, loss, s) for s in scores}
     losses[loss] = tuning_record.Recorded(scores=dict(scores), chosen=tuple(state.chosen[loss]),
-                                          extended=list(state.extended.get(loss, [])), finals=finals, curves=curves)
+                                          extended=list(state.extended.get(loss, [])),
+                                          finals={s: final for s, (_, final) in points.items()},
+                                          curves={s: curve for s, (curve, _) in points.items() if curve})
   if not losses:
     return None
   from_runs = [loss for loss in losses if loss not in state.recorded]
-  recorded = state.recorded_source or state.recorded_from
-  source = (f"the tuning runs in {runs_dir}" if not state.recorded else recorded if not from_runs else
+  recorded = state.record.source or state.record.path if state.record is not None else ""
+  source = (f"the tuning runs in {runs_dir}" if not recorded else recorded if not from_runs else
             f"{', '.join(state.recorded)}: {recorded}; {', '.join(from_runs)}: the tuning runs in {runs_dir}")
   path = os.path.join(out_dir, tuning_record.FILE)
-  tuning_record.write(path, study.name, study.tune_seeds, losses, source=source)
+  tuning_record.write(path, tuning_record.Record(study.name, tuple(study.tune_seeds), source, losses))
   return path
 
 

@@ -68,9 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--shard", metavar="I/N", help="process I of N sharing the cells, as experiments.study's "
                       "(one per core; shard 0 makes the warm start)")
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  shard = tuple(int(x) for x in args.shard.split("/")) if args.shard else None
-  if shard is not None and (len(shard) != 2 or not 0 <= shard[0] < shard[1]):
-    parser.error(f"--shard {args.shard}: expected I/N with 0 <= I < N, e.g. 0/2")
+  try:
+    shard = claims.parse_shard(args.shard)
+  except ValueError as e:
+    parser.error(str(e))
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
@@ -81,9 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f"[lag] report: {path} ({time.time() - start:.0f}s)", flush=True)
   if args.archive:
     study = lag_plan.study_of(lag_plan.TASKS[args.task], smoke=args.smoke)
-    archive, count = run_archive.write(args.runs, run_archive.finished_runs(os.path.join(args.runs, study.name)),
-                                       claims.warm_dir_of(args.runs, study), args.out)
-    print(f"[lag] {count} finished runs, without checkpoints: {archive}", flush=True)
+    print(f"[lag] {run_archive.write_study(args.runs, study, args.out)}", flush=True)
   return 0
 
 

@@ -9,7 +9,7 @@ import os
 import tarfile
 from typing import Iterable
 
-from experiments import results
+from experiments import claims, plan, results
 
 FILE = "runs.tar.gz"
 KEPT = ("config.json", results.FINAL_EVAL, "summary.json", "metrics.jsonl")  # a run's files a report reads
@@ -37,3 +37,10 @@ def write(runs_dir: str, workdirs: Iterable[str], warm_dir: str, out_dir: str) -
 def finished_runs(root: str) -> list[str]:
   """Every finished run directory under `root` (a study's directory), sorted."""
   return sorted(d for d, _, files in os.walk(root) if results.FINAL_EVAL in files)
+
+
+def write_study(runs_dir: str, study: plan.Study, out_dir: str) -> str:
+  """The archive of every finished run of `study` under `runs_dir`, with its warm start's eval; says what it wrote."""
+  path, count = write(runs_dir, finished_runs(os.path.join(runs_dir, study.name)), claims.warm_dir_of(runs_dir, study),
+                      out_dir)
+  return f"{count} finished runs, without checkpoints: {path} ({os.path.getsize(path) / 1e6:.1f} MB)"

@@ -67,13 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     tune_seeds = tuple(int(s) for s in args.tune_seeds.split(","))
     if set(tune_seeds) & set(seeds or plan.MAIN_SEEDS):
       raise ValueError(f"--tune_seeds {args.tune_seeds}: a tuning seed must never be a main seed")
-    shard = tuple(int(x) for x in args.shard.split("/")) if args.shard else None
-    if shard is not None and (len(shard) != 2 or not 0 <= shard[0] < shard[1]):
-      raise ValueError(f"--shard {args.shard}: expected I/N with 0 <= I < N, e.g. 0/2")
+    shard = claims.parse_shard(args.shard)
     study = plan.make_study(args.task, args.config, smoke=args.smoke, secondary=not args.no_secondary, seeds=seeds,
                             sets=sets, tune_seeds=tune_seeds, claim1_only=args.claim1_only,
                             beta2_by_strength=args.beta2_by_strength)
-    recorded, source = tuning_record.read(args.tuned, study.name, tune_seeds) if args.tuned else ({}, "")
+    record = tuning_record.read(args.tuned, study.name, tune_seeds) if args.tuned else None
   except Exception as e:  # pylint: disable=broad-except  # a bad path, variant or import in the config file
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -81,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   claims.enable_compile_cache(os.path.join(runs_dir, "jax_cache"))
   start = time.time()
   runner = claims.Runner(study, runs_dir, collect=args.collect, only=args.cell, stage=args.stage, shard=shard,
-                         recorded=recorded, recorded_from=args.tuned or "", recorded_source=source)
+                         record=record)
   try:
     with stopping.one_line_stop("claims"):
       state = runner.study_all()
@@ -91,10 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   path = claims_report.write_report(runner.study, runs_dir, args.out, state, elapsed=time.time() - start)
   print(f"[claims] report: {path} ({time.time() - start:.0f}s)", flush=True)
   if args.archive:
-    archive, count = run_archive.write(runs_dir, run_archive.finished_runs(os.path.join(runs_dir, runner.study.name)),
-                                       claims.warm_dir_of(runs_dir, runner.study), args.out)
-    print(f"[claims] {count} finished runs, without checkpoints: {archive} ({os.path.getsize(archive) / 1e6:.1f} MB)",
-          flush=True)
+    print(f"[claims] {run_archive.write_study(runs_dir, runner.study, args.out)}", flush=True)
   if state.stopped:
     print(f"[claims] stopped: {state.stopped}", flush=True)
   return 0

@@ -25,26 +25,36 @@ class Recorded:
   curves: dict  # (lr, knob) -> [(step, val pass@1)] of the first tuning seed (absent where not recorded)
 
 
+@dataclasses.dataclass(frozen=True)
+class Record:
+  """A study's finished tuning grids, as tuning.json holds them."""
+  study: str  # the study's name (its task, reshaping and losses)
+  tune_seeds: tuple[int, ...]
+  source: str  # where its numbers come from
+  losses: dict  # loss -> Recorded
+  path: str = ""  # where it was read from, as given ('' for one being written)
+
+
 class RecordError(ValueError):
   """A tuning record that cannot stand for the tuning: the path and the reason."""
 
 
-def write(path: str, study_name: str, tune_seeds, losses: dict[str, Recorded], source: str = "") -> None:
-  body = {"study": study_name, "tune_seeds": list(tune_seeds), "source": source, "losses": {
+def write(path: str, record: Record) -> None:
+  body = {"study": record.study, "tune_seeds": list(record.tune_seeds), "source": record.source, "losses": {
       loss: {"chosen": list(r.chosen), "extended": [list(p) for p in r.extended],
              "points": [{"lr": s[0], "knob": s[1], "auc": r.scores[s], "final": r.finals.get(s, float("nan")),
                          **({"curve": [list(sv) for sv in r.curves[s]]} if s in r.curves else {})}
                         for s in sorted(r.scores)]}
-      for loss, r in losses.items()}}
+      for loss, r in record.losses.items()}}
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(body, f, indent=1)
   os.replace(tmp, path)
 
 
-def read(path: str, study_name: Optional[str] = None, tune_seeds=None) -> tuple[dict[str, Recorded], str]:
-  """loss -> Recorded, and the record's source note. Raises RecordError naming the path on anything off."""
-  path = os.path.abspath(os.path.expanduser(path))
+def read(path: str, study_name: Optional[str] = None, tune_seeds=None) -> Record:
+  """The record at `path` (a user's path: relative or with ~). Raises RecordError naming it on anything off."""
+  given, path = path, os.path.abspath(os.path.expanduser(path))
   try:
     with open(path) as f:
       body = json.load(f)
@@ -72,20 +82,16 @@ def read(path: str, study_name: Optional[str] = None, tune_seeds=None) -> tuple[
         curves={(float(p["lr"]), float(p["knob"])): [tuple(sv) for sv in p["curve"]] for p in points if "curve" in p})
   if not losses:
     raise RecordError(f"{path}: the record has no loss")
-  return losses, body.get("source", "")
+  return Record(body["study"], tuple(body.get("tune_seeds", ())), body.get("source", ""), losses, given)
 
 
-def curve(study: plan.Study, runs_dir: str, recorded: dict, loss: str, setting) -> list:
-  """A tuning point's validation curve on the first tuning seed ([] if none): a recorded loss's from its record
-  (a run of the same cell here, such as the pilot's, is another run), any other loss's from its run."""
+def point(study: plan.Study, runs_dir: str, recorded: dict, loss: str, setting) -> tuple[list, float]:
+  """A tuning point's validation curve on the first tuning seed ([] if none) and its final value (nan if unknown):
+  a recorded loss's from its record (a run of the same cell here, such as the pilot's, is another run), any other
+  loss's from its run."""
   if loss in recorded:
-    return list(recorded[loss].curves.get(setting, []))
+    curve = list(recorded[loss].curves.get(setting, []))
+    return curve, curve[-1][1] if curve else recorded[loss].finals.get(setting, float("nan"))
   r = results.load(runs_dir, plan.tuning_cells(study, loss, [setting])[0])
-  return list(r.curve()) if r is not None else []
-
-
-def final(study: plan.Study, runs_dir: str, recorded: dict, loss: str, setting) -> float:
-  """A tuning point's final validation pass@1 on the first tuning seed (the curve's last value, else the record's)."""
-  if points := curve(study, runs_dir, recorded, loss, setting):
-    return points[-1][1]
-  return recorded[loss].finals.get(setting, float("nan")) if loss in recorded else float("nan")
+  curve = list(r.curve()) if r is not None else []
+  return curve, curve[-1][1] if curve else float("nan")

@@ -8,8 +8,8 @@ from oapl_jax import fake_devices  # imports nothing of JAX
 # - XLA:CPU's classic elemental emitters (--xla_cpu_use_fusion_emitters=false) instead of the MLIR fusion emitters,
 #   which build each of a train step's ~400 fusions as its own LLVM module: the tiny sharded train step compiles in
 #   2.3-3.5 s instead of 9.2 s (tests/trainer_test's 8-device step, one core). At O0 some elementwise functions
-#   round about an ulp apart from the fusion emitters' (tanh and log1p, checked alone; the golden steps are recorded
-#   under these settings), and a scatter is lowered to a loop (a test that reads the HLO a user gets compiles with
+#   round about an ulp apart from the fusion emitters' (tanh and log1p, checked alone; the golden steps hold under
+#   either, tests/golden_step_test.py), and a scatter is lowered to a loop (a test that reads the HLO a user gets compiles with
 #   compiler_options={"xla_cpu_use_fusion_emitters": True}).
 # The 8 fake devices are threads of one process. XLA:CPU aborts the process when a collective's threads have not
 # all met within its timeout; 120 s leaves room for an oversubscribed 2-core machine (two test workers beside other

@@ -157,12 +157,13 @@ def test_a_tuning_record_stands_for_the_grid_and_is_refused_when_off(tmp_path, m
   tuned = claims.Runner(study, str(tmp_path / "a"), stage="tuning")
   state = tuned.study_all()
   path = claims_report.write_tuning_record(tuned.study, str(tmp_path / "a"), state, str(tmp_path))
-  recorded, _ = tuning_record.read(path, study.name, (1000, 1001))
+  record = tuning_record.read(path, study.name, (1000, 1001))
+  recorded = record.losses
   assert {loss: r.chosen for loss, r in recorded.items()} == state.chosen
   assert {lr for lr, _ in state.chosen.values()} == {BEST_LR}  # reached past the grid's edge
   assert recorded["oapl"].extended == state.extended["oapl"] and recorded["oapl"].curves  # curves kept from the runs
   calls.clear()
-  again = claims.Runner(study, str(tmp_path / "b"), recorded=recorded, recorded_from=path)
+  again = claims.Runner(study, str(tmp_path / "b"), record=record)
   assert again.study_all().chosen == state.chosen
   pilot = {c.name for c in plan.pilot_cells(study)}
   main = {c.name for c in plan.main_cells(again.study, state.chosen)}
