@@ -25,7 +25,7 @@ def tune_grpo(runner: claims.Runner, task: lag_plan.LagTask) -> tuple[dict, floa
   """GRPO's lr at L = 50: every (lr, tuning seed) cell, the largest mean validation AUC, the grid extended past
   an edge winner (lag_plan.extend)."""
   aucs: dict[float, list] = {}
-  lrs = list(lag_plan.GRPO_LRS)
+  lrs = list(task.grpo_lrs)
   for _ in range(lag_plan.MAX_EXTENSIONS + 1):
     cells = lag_plan.tuning_cells(task, runner.study, [lr for lr in lrs if lr not in aucs])
     for cell, result in zip(cells, runner.run_all("grpo lr at L = 50", cells)):

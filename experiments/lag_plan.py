@@ -18,6 +18,13 @@ Rules fixed before the runs:
               inside or MAX_EXTENSIONS were added)
   collapse    a run whose final test pass@1 is below the warm start's
   order       round-robin by seed, within a seed L = 50 first, then 10, 200, 1 (the claim's lag first)
+  code task   (added in round 4's fourth session, before any code lag cell ran) the sandbox-graded code task at
+              round 4's B = 8 reshape, OAPL at its tuned point there (reports/claims_v4/code_b8: lr 3e-4, beta2
+              0.32), GRPO's clip at its off-by-one winner (0.05); GRPO's grid half a decade lower than the other
+              tasks' (CODE_GRPO_LRS), since its tuning there collapsed at lr 1e-3 at every clip (AUC 0.005-0.014);
+              lags CODE_LAGS; order in two phases (CODE_PHASES): every seed of L = 400, 50, 1 (the paper's
+              lag, the claim's lag, on-policy) before any of L = 200, 10, round-robin by seed within a phase, so
+              that a session that ends early leaves the paper's question answered at full n
   evals       (set after the six sort tuning runs, before any main cell, for time: evals were 40-60% of a run)
               the tuning cells as the claims study: policy eval every 10 steps, the test eval 32 samples per
               prompt; the main cells: policy eval every MAIN_EVAL_EVERY steps, the test eval MAIN_FINAL_SAMPLES
@@ -39,6 +46,8 @@ GRPO_LRS = (1e-4, 3e-4, 1e-3)
 TUNE_LAG = 50
 MAX_EXTENSIONS = 2
 ORDER = (50, 10, 200, 1, 400)  # within a seed
+CODE_GRPO_LRS = (3e-5, 1e-4, 3e-4)
+CODE_PHASES = ((400, 50, 1), (200, 10))
 MAIN_EVAL_EVERY = 20
 MAIN_FINAL_SAMPLES = (8, (1, 2, 4, 8))
 
@@ -52,6 +61,8 @@ class LagTask:
   oapl: plan.Setting  # (lr, beta2): round 3's L = 50 winner
   grpo_clip: float  # round 3's off-by-one winner's clip (inert at one update per chunk)
   lags: tuple[int, ...] = LAGS
+  grpo_lrs: tuple[float, ...] = GRPO_LRS
+  phases: Optional[tuple[tuple[int, ...], ...]] = None  # lag groups run one after another (None: one group, ORDER)
 
 
 # Round 3's tuned points (reports/claims_v3/README.md): 3-digit addition after the second extension
@@ -60,6 +71,8 @@ TASKS = {
     "digits3": LagTask("digits3", "configs/claims.py:arithmetic,digits3", (), (1e-4, 0.025), 0.1),
     "sort": LagTask("sort", "configs/own_task.py", (("loop.batch_prompts", 4), ("warmstart.steps", 500)),
                     (1e-4, 0.1), 0.2),
+    "code": LagTask("code", "configs/claims.py:code", (("loop.batch_prompts", 8), ("loop.prompts_per_rollout", 8)),
+                    (3e-4, 0.32), 0.05, lags=CODE_LAGS, grpo_lrs=CODE_GRPO_LRS, phases=CODE_PHASES),
 }
 
 
@@ -86,16 +99,20 @@ def lags_of(task: LagTask, study: plan.Study) -> tuple[int, ...]:
   return tuple(L for L in task.lags if study.steps % L == 0) if not study.smoke else (1, 2, 4)
 
 
-def tuning_cells(task: LagTask, study: plan.Study, lrs: Sequence[float] = GRPO_LRS,
+def tuning_cells(task: LagTask, study: plan.Study, lrs: Optional[Sequence[float]] = None,
                  seeds: Sequence[int] = TUNE_SEEDS) -> list[plan.Cell]:
+  lrs = task.grpo_lrs if lrs is None else lrs
   lag = TUNE_LAG if study.steps % TUNE_LAG == 0 else max(lags_of(task, study))
   return [study.cell(arm("grpo", lag), (lr, task.grpo_clip), s) for s in seeds for lr in lrs]
 
 
 def main_cells(task: LagTask, study: plan.Study, grpo_lr: float, seeds: Sequence[int] = SEEDS) -> list[plan.Cell]:
-  lags = sorted(lags_of(task, study), key=lambda L: ORDER.index(L) if L in ORDER else L)
+  lags = lags_of(task, study)
+  phases = [[L for L in phase if L in lags] for phase in task.phases] if task.phases and not study.smoke else \
+      [sorted(lags, key=lambda L: ORDER.index(L) if L in ORDER else L)]
   points = {"oapl": task.oapl, "grpo": (grpo_lr, task.grpo_clip)}
-  return [study.cell(arm(loss, L), points[loss], s) for s in seeds for L in lags for loss in ("oapl", "grpo")]
+  return [study.cell(arm(loss, L), points[loss], s)
+          for phase in phases for s in seeds for L in phase for loss in ("oapl", "grpo")]
 
 
 def extend(lrs: Sequence[float], winner: float) -> Optional[float]:

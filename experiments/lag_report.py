@@ -137,7 +137,7 @@ def write(task: lag_plan.LagTask, study: plan.Study, runs_dir: str, out_dir: str
            "## Rules fixed before the runs", "", "```", lag_plan.__doc__.split("Rules fixed before the runs:")[1].strip("\n"),
            "```", "",
            f"OAPL: lr {task.oapl[0]:g}, beta2 {task.oapl[1]:g}. GRPO: clip {task.grpo_clip:g}, lr chosen at L = 50 "
-           f"from {lag_plan.GRPO_LRS} on seeds {lag_plan.TUNE_SEEDS}: mean validation AUC "
+           f"from {task.grpo_lrs} on seeds {lag_plan.TUNE_SEEDS}: mean validation AUC "
            + ", ".join(f"lr {lr:g}: {_fmt(float(np.mean(v)) if all(x is not None for x in v) else float('nan'))}"
                        for lr, v in aucs.items()) + f" -> **{grpo_lr}**.", "",
            f"Warm start: test pass@1 {_fmt(warm_test)}, validation pass@1 {_fmt(warm_val)}.", "",

@@ -70,6 +70,17 @@ def test_cells_pair_both_losses_at_every_lag_in_the_fresh_shape():
   assert all(c.seed in lag_plan.TUNE_SEEDS for c in lag_plan.tuning_cells(task, study))
 
 
+
+def test_the_code_task_runs_its_phases_in_turn_each_round_robin_by_seed():
+  task, study = lag_plan.TASKS["code"], _study()
+  cells = lag_plan.main_cells(task, study, grpo_lr=1e-4, seeds=(0, 1, 2))
+  assert len(cells) == 2 * len(lag_plan.CODE_LAGS) * 3  # every lag, 400 included, both losses, every seed
+  first = 2 * len(lag_plan.CODE_PHASES[0]) * 3
+  assert {c.arm.lag for c in cells[:first]} == set(lag_plan.CODE_PHASES[0])  # no L = 200 or 10 before these
+  assert [(c.seed, c.arm.lag) for c in cells[:first:2]] == [(s, L) for s in (0, 1, 2) for L in (400, 50, 1)]
+  assert [c.arm.lag for c in cells[first::2][:2]] == [200, 10]
+  assert {c.lr for c in lag_plan.tuning_cells(task, study)} == set(lag_plan.CODE_GRPO_LRS)
+
 def test_grpo_lr_rule():
   assert lag_plan.choose_lr({1e-4: [0.5, 0.6], 3e-4: [0.6, 0.5], 1e-3: [0.1, 0.2]}) == 1e-4  # tie: smaller
   assert lag_plan.choose_lr({1e-4: [0.5, 0.5], 3e-4: [0.7, None]}) == 1e-4  # an unfinished lr cannot win
