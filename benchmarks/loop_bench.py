@@ -45,7 +45,13 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
                  "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
                  "--config.loop.sampler_delay_windows=1"],
     "tunix_grpo": None,
+    # every program compiled for a short start (mesh.cpu_compile='fast_start': fusion emitters off, LLVM at -O1), and
+    # Tunix under the same XLA options (as XLA_FLAGS: it has no per-program setting)
+    "oapl_L10_fast_start": ["--config.mesh.cpu_compile=fast_start"],
+    "tunix_grpo_fast_start": None,
 }
+SIDE_ENV = {"tunix_grpo_fast_start": {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=false "
+                                                   "--xla_backend_optimization_level=1"}}
 
 
 def prepare(workdir: str) -> tuple[str, str]:
@@ -110,7 +116,8 @@ def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env
            *COMMON, *SIDES[side]]
   before, start = cpu_seconds(), time.perf_counter()
   with open(os.path.join(where, "log.txt"), "w") as log:
-    if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**worker_env(), **(env or {})}).returncode:
+    env = {**worker_env(), **SIDE_ENV.get(side, {}), **(env or {})}
+    if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode:
       raise SystemExit(f"{side} lr {lr:g} seed {seed} failed; see {where}/log.txt")
   (busy0, own0), (busy1, own1) = before, cpu_seconds()
   result = (loop_curves.from_tunix(os.path.join(where, "tunix.json")) if SIDES[side] is None

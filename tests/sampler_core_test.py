@@ -366,3 +366,18 @@ def test_an_interrupt_ends_generate_between_decode_visits_and_leaves_the_sampler
   assert len(asked) == 2 and want.num_decode_calls == 3
   got = _generate(sampler, None, PROMPTS, 3, seed=11, max_new_tokens=12)
   np.testing.assert_array_equal(got.response_tokens, want.response_tokens)
+
+
+def test_cpu_compile_options_reach_the_samplers_programs_and_fast_start_decodes_alike(model, sampler, monkeypatch):
+  """The layout's XLA options (mesh.cpu_compile) reach the sampler's programs (an unknown option fails the first
+  one), and a 'fast_start' sampler decodes the same tokens with the same log-probs as XLA's defaults."""
+  config, params = model
+  fast = _sampler(config, params, layout=parallel.Layout(parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
+                                                          cpu_compile="fast_start"))
+  a, b = (_generate(s, s.params, PROMPTS, 2, max_new_tokens=6, seed=3, temperature=0.8) for s in (sampler, fast))
+  np.testing.assert_array_equal(a.response_tokens, b.response_tokens)
+  np.testing.assert_allclose(a.sampler_logp, b.sampler_logp, atol=1e-5)
+  monkeypatch.setitem(parallel.CPU_COMPILE, "bogus", {"xla_no_such_option": True})
+  bogus = parallel.Layout(parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1]), cpu_compile="bogus")
+  with pytest.raises(Exception, match="xla_no_such_option"):
+    _sampler(config, params, layout=bogus)

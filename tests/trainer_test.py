@@ -263,3 +263,29 @@ def test_demo_slots_are_trained_by_nll_and_left_out_of_the_oapl_regression():
   full_rl, _ = objectives.oapl_loss(seq(logp), seq(batch["sampler_token_logp"]), batch["rewards"], beta1=s.beta1,
                                     beta2=s.beta2)
   assert abs(float(full_rl) - float(rl)) > 1e-4  # the slots would have changed the regression
+
+
+def test_cpu_compile_options_reach_the_trainers_programs_and_fast_start_steps_alike(monkeypatch):
+  """mesh.cpu_compile's XLA options reach the train step and the scorer (an unknown option fails their compile), and
+  'fast_start' (fusion emitters off, LLVM at -O1) takes the same step as XLA's defaults, to float rounding."""
+  mesh, model, batch = _one_device_mesh(), api.for_config(CONFIG), _batch(4, 2, 16, seed=5)
+  stepped = {}
+  for mode in ("fast_code", "fast_start"):
+    layout = parallel.Layout(mesh, cpu_compile=mode)
+    state = trainer.create_train_state(TRAIN, model, _params(), layout)
+    state, metrics = trainer.make_train_step(TRAIN, model, layout)(state, batch, jax.random.PRNGKey(0))
+    stepped[mode] = jax.device_get((state.params, metrics["loss"], metrics["grad_norm"]))
+  assert parallel.Layout(mesh, cpu_compile="fast_start").compiler_options == parallel.CPU_COMPILE["fast_start"]
+  assert parallel.Layout(mesh).compiler_options is None
+  (params_code, *metrics_code), (params_fast, *metrics_fast) = stepped["fast_code"], stepped["fast_start"]
+  np.testing.assert_allclose(metrics_code, metrics_fast, rtol=1e-5)  # the loss and gradient norm before the update
+  _assert_trees_close(params_code, params_fast, atol=1e-5)  # lr 1e-3: Adam's step is ~1e-3 a weight
+  monkeypatch.setitem(parallel.CPU_COMPILE, "bogus", {"xla_no_such_option": True})
+  layout = parallel.Layout(mesh, cpu_compile="bogus")
+  with pytest.raises(Exception, match="xla_no_such_option"):
+    trainer.make_score_fn(TRAIN, model, layout)(_params(), batch)
+  state = trainer.create_train_state(TRAIN, model, _params(), parallel.Layout(mesh))
+  with pytest.raises(Exception, match="xla_no_such_option"):
+    trainer.make_train_step(TRAIN, model, layout)(state, batch, jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="cpu_compile='fast'"):
+    parallel.Layout(mesh, cpu_compile="fast")

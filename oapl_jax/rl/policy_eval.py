@@ -38,7 +38,7 @@ class PolicyEval:
     self.every_steps, self.evaluate, self.sampler, self.model = every_steps, evaluate, sampler, model
     self.eval_sets, self.probe_settings, self.seed, self.seq_len = eval_sets, probe_settings, seed, seq_len
     self._entropy_BxT = jax.jit(lambda params, tokens, targets, positions: model.token_logprobs(
-        params, tokens, targets, positions, with_entropy=True)[1])
+        params, tokens, targets, positions, with_entropy=True)[1], compiler_options=sampler.layout.compiler_options)
 
   def due(self, step: int) -> bool:
     return step % self.every_steps == 0

@@ -144,7 +144,8 @@ def create_train_state(config: TrainConfig, model: CausalLM, params, layout: Lay
   params = parallel.reshard(params, full_sh)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   init = functools.partial(_init_state, config, model)
-  return jax.jit(init, in_shardings=(full_sh, layout.replicated), out_shardings=shardings)(params, rng)
+  return jax.jit(init, in_shardings=(full_sh, layout.replicated), out_shardings=shardings,
+                 compiler_options=layout.compiler_options)(params, rng)
 
 
 def _init_state(config: TrainConfig, model: CausalLM, params, rng) -> TrainState:
@@ -169,7 +170,8 @@ def make_policy_params(config: TrainConfig, model: CausalLM, layout: Layout):
   if not config.lora.enabled:
     return lambda state: state.params
   full_sh = layout.sharding(model.param_logical_axes())
-  merged = jax.jit(functools.partial(policy_params, config, model), out_shardings=full_sh)
+  merged = jax.jit(functools.partial(policy_params, config, model), out_shardings=full_sh,
+                   compiler_options=layout.compiler_options)
   return lambda state: merged(state.params, state.frozen)
 
 
@@ -319,7 +321,7 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
 
   replicated = layout.replicated
   return jax.jit(train_step, in_shardings=(state_sh, batch_sharding(layout, num_prompts), replicated),
-                 out_shardings=(state_sh, replicated), donate_argnums=0)
+                 out_shardings=(state_sh, replicated), donate_argnums=0, compiler_options=layout.compiler_options)
 
 
 def make_score_fn(config: TrainConfig, model: CausalLM, layout: Layout, num_prompts: Optional[int] = None):
@@ -339,4 +341,5 @@ def make_score_fn(config: TrainConfig, model: CausalLM, layout: Layout, num_prom
 
   params_sh = layout.sharding(model.param_logical_axes())  # the full params (LoRA: merged)
   batch_sh = batch_sharding(layout, num_prompts)
-  return jax.jit(score_logprobs, in_shardings=(params_sh, batch_sh), out_shardings=batch_sh)
+  return jax.jit(score_logprobs, in_shardings=(params_sh, batch_sh), out_shardings=batch_sh,
+                 compiler_options=layout.compiler_options)

@@ -224,18 +224,19 @@ class Sampler(api.GroupSampler):
     self.prefix_shardings = Prefix(lay.sharding(unbatched), repl, repl)
 
     bind = lambda fn: functools.partial(fn, model)  # noqa: E731
-    self._prefill = jax.jit(bind(prefill_fn), out_shardings=self.prefix_shardings)
-    self._score = jax.jit(bind(score_fn), static_argnums=(2,), out_shardings=repl)
-    self._insert = jax.jit(bind(insert_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
-    self._decode = jax.jit(bind(decode_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
-    self._generate = jax.jit(bind(generate_fn), donate_argnums=(1,), out_shardings=(self.state_shardings, repl))
-    self._init_state = jax.jit(bind(init_state_fn), static_argnums=(0, 1, 2), out_shardings=self.state_shardings)
-    self._grow = jax.jit(lambda s, n: s._replace(cache=model.grow_cache(s.cache, n)), static_argnums=1,
-                         out_shardings=self.state_shardings)
-    self._gather = jax.jit(lambda s, idx: (s.out_tokens_SxN[idx], s.out_logp_SxN[idx], s.num_generated_S[idx]),
-                           out_shardings=repl)
-    self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(model.config.jnp_param_dtype), p))
-    self._to_decode_layout = jax.jit(model.decode_params, out_shardings=self.snapshot_shardings)
+    jit = functools.partial(jax.jit, compiler_options=lay.compiler_options)  # mesh.cpu_compile's options
+    self._prefill = jit(bind(prefill_fn), out_shardings=self.prefix_shardings)
+    self._score = jit(bind(score_fn), static_argnums=(2,), out_shardings=repl)
+    self._insert = jit(bind(insert_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
+    self._decode = jit(bind(decode_fn), donate_argnums=(1,), out_shardings=self.state_shardings)
+    self._generate = jit(bind(generate_fn), donate_argnums=(1,), out_shardings=(self.state_shardings, repl))
+    self._init_state = jit(bind(init_state_fn), static_argnums=(0, 1, 2), out_shardings=self.state_shardings)
+    self._grow = jit(lambda s, n: s._replace(cache=model.grow_cache(s.cache, n)), static_argnums=1,
+                     out_shardings=self.state_shardings)
+    self._gather = jit(lambda s, idx: (s.out_tokens_SxN[idx], s.out_logp_SxN[idx], s.num_generated_S[idx]),
+                       out_shardings=repl)
+    self._cast = jit(lambda p: jax.tree.map(lambda x: x.astype(model.config.jnp_param_dtype), p))
+    self._to_decode_layout = jit(model.decode_params, out_shardings=self.snapshot_shardings)
 
   @property
   def vocab_size(self) -> int:
