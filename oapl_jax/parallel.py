@@ -10,6 +10,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -271,8 +272,12 @@ class Layout:
 
   @property
   def compiler_options(self) -> Optional[dict]:
-    """XLA options for this side's jax.jit (None: the defaults): mesh.cpu_compile's, on CPU only."""
-    return dict(CPU_COMPILE[self.cpu_compile]) or None if self.platform == "cpu" else None
+    """XLA options for this side's jax.jit (None: the process's): mesh.cpu_compile's, on CPU only, less any the
+    environment's XLA_FLAGS set (a flag given there wins: e.g. the test suite's LLVM -O0)."""
+    if self.platform != "cpu":
+      return None
+    in_env = {flag.lstrip("-").split("=")[0] for flag in os.environ.get("XLA_FLAGS", "").split()}
+    return {k: v for k, v in CPU_COMPILE[self.cpu_compile].items() if k not in in_env} or None
 
   @classmethod
   def single_device(cls, device=None, rules=DEFAULT_RULES) -> "Layout":
@@ -363,7 +368,7 @@ class MeshConfig:
   sampler_dcn: tuple[int, int, int] = (-1, 1, 1)  # the sampler's axes across slices
   sampler_devices: int = sections.rule(0, low=0)  # > 0: the sampler's own devices (split_devices); 0: shared
   # on CPU: 'fast_code' (XLA's defaults) or 'fast_start' (compile about twice as fast, run a little slower: tiny models,
-  # where compiling is most of a run; CPU_COMPILE)
+  # where compiling is most of a run; CPU_COMPILE); a flag the environment's XLA_FLAGS sets wins over either
   cpu_compile: str = sections.rule("fast_code", choices=tuple(CPU_COMPILE))
   rules: dict = dataclasses.field(default_factory=dict)  # DEFAULT_RULES overridden by logical name (axis, list, None)
 

@@ -372,6 +372,7 @@ def test_cpu_compile_options_reach_the_samplers_programs_and_fast_start_decodes_
   """The layout's XLA options (mesh.cpu_compile) reach the sampler's programs (an unknown option fails the first
   one), and a 'fast_start' sampler decodes the same tokens with the same log-probs as XLA's defaults."""
   config, params = model
+  monkeypatch.setenv("XLA_FLAGS", "")  # no flag of the environment's to win over the layout's (the suite sets -O0)
   fast = _sampler(config, params, layout=parallel.Layout(parallel.make_mesh((1, 1, 1), devices=jax.devices()[:1]),
                                                           cpu_compile="fast_start"))
   a, b = (_generate(s, s.params, PROMPTS, 2, max_new_tokens=6, seed=3, temperature=0.8) for s in (sampler, fast))

@@ -268,6 +268,7 @@ def test_demo_slots_are_trained_by_nll_and_left_out_of_the_oapl_regression():
 def test_cpu_compile_options_reach_the_trainers_programs_and_fast_start_steps_alike(monkeypatch):
   """mesh.cpu_compile's XLA options reach the train step and the scorer (an unknown option fails their compile), and
   'fast_start' (fusion emitters off, LLVM at -O1) takes the same step as XLA's defaults, to float rounding."""
+  monkeypatch.setenv("XLA_FLAGS", "")  # no flag of the environment's to win over the layout's (the suite sets -O0)
   mesh, model, batch = _one_device_mesh(), api.for_config(CONFIG), _batch(4, 2, 16, seed=5)
   stepped = {}
   for mode in ("fast_code", "fast_start"):
@@ -277,6 +278,9 @@ def test_cpu_compile_options_reach_the_trainers_programs_and_fast_start_steps_al
     stepped[mode] = jax.device_get((state.params, metrics["loss"], metrics["grad_norm"]))
   assert parallel.Layout(mesh, cpu_compile="fast_start").compiler_options == parallel.CPU_COMPILE["fast_start"]
   assert parallel.Layout(mesh).compiler_options is None
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+  assert parallel.Layout(mesh, cpu_compile="fast_start").compiler_options == {"xla_cpu_use_fusion_emitters": False}
+  monkeypatch.setenv("XLA_FLAGS", "")
   (params_code, *metrics_code), (params_fast, *metrics_fast) = stepped["fast_code"], stepped["fast_start"]
   np.testing.assert_allclose(metrics_code, metrics_fast, rtol=1e-5)  # the loss and gradient norm before the update
   _assert_trees_close(params_code, params_fast, atol=1e-5)  # lr 1e-3: Adam's step is ~1e-3 a weight
