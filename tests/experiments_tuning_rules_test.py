@@ -5,6 +5,7 @@ import functools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -230,12 +231,23 @@ def test_the_run_archive_collects_the_same_report_elsewhere(tmp_path, monkeypatc
   runs, elsewhere = str(tmp_path / "runs"), str(tmp_path / "elsewhere")
   runner = claims.Runner(study, runs)
   runner.study_all()
+  warm_dir = claims.warm_dir_of(runs, study)
+  with open(os.path.join(warm_dir, "model.safetensors"), "wb") as f:  # the warm start's weights
+    f.write(b"w" * 1000)
   os.makedirs(tmp_path / "out")
-  path, count = run_archive.write(runs, run_archive.finished_runs(os.path.join(runs, study.name)),
-                                  claims.warm_dir_of(runs, study), str(tmp_path / "out"))
+  archive = lambda: run_archive.write(runs, run_archive.finished_runs(os.path.join(runs, study.name)),  # noqa: E731
+                                      warm_dir, str(tmp_path / "out"))
+  monkeypatch.setattr(run_archive, "WARM_START_MAX_BYTES", 100)  # too large to carry: its eval only
+  warm_files = lambda tar: sorted(os.path.basename(n) for n in tar.getnames()  # noqa: E731
+                                 if os.path.dirname(n) == os.path.relpath(warm_dir, runs))
+  with tarfile.open(archive()[0]) as tar:
+    assert warm_files(tar) == ["eval.json"]
+  monkeypatch.setattr(run_archive, "WARM_START_MAX_BYTES", 10_000)
+  path, count = archive()
   assert count == len(run_archive.finished_runs(runs)) > 4  # the pilot, the tuning grid, two main seeds per arm
   with tarfile.open(path) as tar:
     assert not [n for n in tar.getnames() if "checkpoint" in n]
+    assert warm_files(tar) == ["eval.json", "model.safetensors"]
     tar.extractall(elsewhere)
   collected = claims.Runner(study, elsewhere, collect=True)
   state = collected.study_all()
@@ -246,3 +258,10 @@ def test_the_run_archive_collects_the_same_report_elsewhere(tmp_path, monkeypatc
                                                                                               runner.state)
   final = lambda rs: {a: {s: r.test_mean("pass@1") for s, r in by_seed.items()} for a, by_seed in rs.items()}  # noqa
   assert final(there) == final(here) and set(there) == {"oapl_L50", "grpo_obo"}
+  # resumed elsewhere: a run the archive lacks runs again, from the archived warm start; the finished ones do not
+  lost = run_archive.finished_runs(os.path.join(elsewhere, study.name))[-1]
+  shutil.rmtree(lost)
+  calls = []
+  monkeypatch.setattr(claims, "execute", _fake_execute(calls, threading.Lock()))
+  claims.Runner(study, elsewhere).study_all()
+  assert [os.path.join(elsewhere, c) for c in calls] == [lost]
