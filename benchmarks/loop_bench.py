@@ -38,15 +38,17 @@ STEPS, EVAL_EVERY = 120, 10
 COMMON = [f"--config.warmstart.steps=0", f"--config.eval.every_steps={EVAL_EVERY}",
           "--config.loop.eval_every_syncs=1000000", "--config.checkpoint.every_syncs=1000000"]
 SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 steps each), or None: Tunix
-    "oapl_L10": [],  # the demo's settings
+    "oapl_L10": [],  # the demo's settings (mesh.cpu_compile='fast_start' from 2026-11-29 on)
     "oapl_L4": ["--config.loop.sync_every=4", "--config.loop.num_syncs=30"],
     "oapl_L40": ["--config.loop.sync_every=40", "--config.loop.num_syncs=3"],
     "grpo_obo": ["--config.trainer.loss=grpo", "--config.loop.sync_every=2", "--config.loop.num_syncs=60",  # plan.py
                  "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
                  "--config.loop.sampler_delay_windows=1"],
     "tunix_grpo": None,
-    # every program compiled for a short start (mesh.cpu_compile='fast_start': fusion emitters off, LLVM at -O1), and
-    # Tunix under the same XLA options (as XLA_FLAGS: it has no per-program setting)
+    # our programs at XLA's defaults (before 2026-11-29, the demo's), or each one compiled for a short start
+    # (mesh.cpu_compile='fast_start': fusion emitters off, LLVM at -O1); Tunix under the same XLA options (as
+    # XLA_FLAGS: it has no per-program setting)
+    "oapl_L10_fast_code": ["--config.mesh.cpu_compile=fast_code"],
     "oapl_L10_fast_start": ["--config.mesh.cpu_compile=fast_start"],
     "tunix_grpo_fast_start": None,
 }
