@@ -254,7 +254,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 # fusion emitters off and LLVM at -O1. The demo's train step then compiles in 3.8 CPU s instead of 7.6 and runs in
 # 59 ms instead of 45 (docs/benchmarks.md, "Compiling for a short start"): for tiny models, where compiling is most of
 # a run; at Qwen3-0.6B width the classic emitters cost 4-5% a step.
-CPU_COMPILE = {"fast_code": {}, "fast_start": {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}}
+CPU_COMPILE = {"fast_code": {},
+               "fast_start": {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}}
 
 
 @dataclasses.dataclass(frozen=True)
