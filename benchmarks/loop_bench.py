@@ -30,6 +30,7 @@ import time
 
 from benchmarks import loop_curves
 from benchmarks.tunix_bench import ROOT, tunix_python, worker_env
+from oapl_jax import parallel
 
 WORKDIR = os.path.join(ROOT, "runs", "loop_bench")
 CONFIG = os.path.join(ROOT, "configs", "arithmetic.py")
@@ -52,8 +53,8 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
     "oapl_L10_fast_start": ["--config.mesh.cpu_compile=fast_start"],
     "tunix_grpo_fast_start": None,
 }
-SIDE_ENV = {"tunix_grpo_fast_start": {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=false "
-                                                   "--xla_backend_optimization_level=1"}}
+SIDE_ENV = {"tunix_grpo_fast_start": {"XLA_FLAGS": " ".join(f"--{name}={str(value).lower()}" for name, value
+                                                            in parallel.CPU_COMPILE["fast_start"].items())}}
 
 
 def prepare(workdir: str) -> tuple[str, str]:
