@@ -189,15 +189,19 @@ class Sampler(api.GroupSampler):
   """
 
   def __init__(self, model: CausalLM, *, layout: Optional[Layout] = None, num_slots: int = 8,
-               max_prefill_length: int = 256, max_new_tokens: int = 256, snapshot_version: int = 0):
+               max_prefill_length: int = 256, max_new_tokens: int = 256, max_prefill_batch: int = 0,
+               snapshot_version: int = 0):
     self.model, self.config = model, model.config
     self.layout = layout or Layout.single_device()
     self.num_slots = int(num_slots)
     self.max_prefill_length = int(max_prefill_length)
     self.max_new_tokens = int(max_new_tokens)
+    self.max_prefill_batch = int(max_prefill_batch)  # prompts per prefill call in `generate` (0: no cap)
     if self.num_slots < 1 or self.max_prefill_length < 1 or self.max_new_tokens < 1:
       raise ValueError(f"num_slots={num_slots}, max_prefill_length={max_prefill_length} and "
                        f"max_new_tokens={max_new_tokens} must all be >= 1")
+    if self.max_prefill_batch < 0:
+      raise ValueError(f"max_prefill_batch={max_prefill_batch} must be >= 0 (0: no cap)")
     batch_shards = self.layout.axis_size("cache_batch")
     if self.num_slots % batch_shards:
       raise ValueError(f"num_slots={num_slots} must be a multiple of the {batch_shards} devices the "
