@@ -155,6 +155,11 @@ def test_a_prefill_cap_splits_the_calls_into_few_shapes_and_samples_alike(model)
   assert capped._insert._cache_size() == 1 and wide._insert._cache_size() == 3
   assert buckets.prefill_chunks([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
   assert buckets.prefill_chunks([1, 2, 3], 0) == [[1, 2, 3]] and buckets.prefill_chunks([], 4) == []
+  keys = capped.slot_keys(3, [4, 5, 6], [0, 1, 2])  # num_slots rows whatever the count: one program
+  assert keys.shape == (8, 2)
+  np.testing.assert_array_equal(keys[:3], core.sample_keys(3, [4, 5, 6], [0, 1, 2]))
+  with pytest.raises(ValueError, match="9 samples for 8 slots"):
+    capped.slot_keys(3, range(9), range(9))
   with pytest.raises(ValueError, match="max_prefill_batch=-1"):
     core.Sampler(api.for_config(config), max_prefill_batch=-1)
 

@@ -361,8 +361,18 @@ class Sampler(api.GroupSampler):
       logp_BxT = np.asarray(self._score(params, tokens, float(temperature)))
     return [logp_BxT[i, len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
 
+  def slot_keys(self, seed: int, prompt_ids, sample_ids) -> jax.Array:
+    """sample_keys of up to num_slots samples as [num_slots, 2] (rows past theirs padding), one program for any
+    count: `insert` takes them as they are."""
+    if len(prompt_ids) > self.num_slots:
+      raise ValueError(f"slot_keys: {len(prompt_ids)} samples for {self.num_slots} slots")
+    ids = np.zeros((2, self.num_slots), np.int32)
+    ids[0, :len(prompt_ids)], ids[1, :len(sample_ids)] = prompt_ids, sample_ids
+    return sample_keys(seed, *ids)
+
   def insert(self, prefix: Prefix, state: DecodeState, slots, rows, keys, max_new=None) -> DecodeState:
-    """Start samples: prefix row rows[i] -> slot slots[i] with base key keys[i]. Donates `state`."""
+    """Start samples: prefix row rows[i] -> slot slots[i] with base key keys[i] (one key per sample, or
+    `slot_keys`' num_slots rows). Donates `state`."""
     slots, rows = np.asarray(slots, np.int32), np.asarray(rows, np.int32)
     if len(slots) > self.num_slots:
       raise ValueError(f"insert: {len(slots)} samples for {self.num_slots} slots")
@@ -374,7 +384,11 @@ class Sampler(api.GroupSampler):
                                          np.int32), slots.shape)
     slots = np.concatenate([slots, np.full((pad,), self.num_slots, np.int32)])
     rows = np.concatenate([rows, np.zeros((pad,), np.int32)])
-    keys = jnp.concatenate([jnp.asarray(keys, jnp.uint32).reshape(-1, 2), jnp.zeros((pad, 2), jnp.uint32)])
+    keys = jnp.asarray(keys, jnp.uint32).reshape(-1, 2)
+    if not len(slots) - pad <= keys.shape[0] <= self.num_slots:
+      raise ValueError(f"insert: {keys.shape[0]} keys for {len(slots) - pad} samples and {self.num_slots} slots")
+    if keys.shape[0] < self.num_slots:  # slot_keys' are S rows already: no program per M here
+      keys = jnp.concatenate([keys, jnp.zeros((self.num_slots - keys.shape[0], 2), jnp.uint32)])
     max_new = np.concatenate([max_new, np.zeros((pad,), np.int32)])
     with self.layout.context():
       return self._insert(prefix, state, slots, rows, keys, max_new)

@@ -124,7 +124,7 @@ class GroupBatcher:
       by_prefix[id(prefix)].append((prefix, slot, row, p, g))
     for items in by_prefix.values():
       prefix, slots, rows, ps, gs = items[0][0], *list(zip(*items))[1:]
-      keys = sampler.sample_keys(self.out.seed, [self.prompt_ids[p] for p in ps], gs)
+      keys = sampler.slot_keys(self.out.seed, [self.prompt_ids[p] for p in ps], gs)
       self.state = sampler.insert(prefix, self.state, slots, rows, keys)
     for slot, (p, g) in zip(free, batch):
       self.occupant[slot] = (p, g)
