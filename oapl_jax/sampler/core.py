@@ -362,7 +362,7 @@ class Sampler(api.GroupSampler):
     return [logp_BxT[i, len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
 
   def slot_keys(self, seed: int, prompt_ids, sample_ids) -> jax.Array:
-    """sample_keys of up to num_slots samples as [num_slots, 2] (rows past theirs padding), one program for any
+    """sample_keys of up to num_slots samples as [num_slots, 2] (the rows past them padding), one program for any
     count: `insert` takes them as they are."""
     if len(prompt_ids) > self.num_slots:
       raise ValueError(f"slot_keys: {len(prompt_ids)} samples for {self.num_slots} slots")
