@@ -61,10 +61,12 @@ def median_seconds(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
-def jax_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
-  a = jax.random.normal(jax.random.PRNGKey(0), (m, k), jnp.float32)
-  b = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
+def jax_gflops(m: int, k: int, n: int, repeats: int = 5, dtype=jnp.float32) -> float:
+  """XLA's rate on one [m, k] x [k, n] dot; bfloat16 operands accumulate in float32 (as the bf16 sampler's
+  models/projection_grad.low_precision_dot does)."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (m, k), jnp.float32).astype(dtype)
+  b = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32).astype(dtype)
+  dot = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
   return 2 * m * k * n / median_seconds(lambda: dot(a, b).block_until_ready(), repeats) / 1e9
 
 
@@ -75,12 +77,12 @@ def torch_gflops(m: int, k: int, n: int, repeats: int = 5) -> float:
     return 2 * m * k * n / median_seconds(lambda: a @ b, repeats) / 1e9
 
 
-def measure(repeats: int = 5, with_torch: bool = True) -> dict:
-  """{'jax': best GFLOP/s, 'torch': best GFLOP/s (if asked), 'by_shape': {(m, k, n): (jax, torch)}}."""
+def measure(repeats: int = 5, with_torch: bool = True, dtype=jnp.float32) -> dict:
+  """{'jax': best GFLOP/s, 'torch': best GFLOP/s (if asked; float32 only), 'by_shape': {(m, k, n): (jax, torch)}}."""
   by_shape = {}
   for shape in SHAPES:
-    by_shape[shape] = (jax_gflops(*shape, repeats=repeats), torch_gflops(*shape, repeats=repeats) if with_torch
-                       else float("nan"))
+    by_shape[shape] = (jax_gflops(*shape, repeats=repeats, dtype=dtype),
+                       torch_gflops(*shape, repeats=repeats) if with_torch else float("nan"))
   out = {"jax": max(j for j, _ in by_shape.values()), "by_shape": by_shape}
   if with_torch:
     out["torch"] = max(t for _, t in by_shape.values())

@@ -52,6 +52,8 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
     "oapl_L10_fast_code": ["--config.mesh.cpu_compile=fast_code"],
     "oapl_L10_fast_start": ["--config.mesh.cpu_compile=fast_start"],
     "tunix_grpo_fast_start": None,
+    # the demo without the prefill cap (before 2026-11-29's sampler.max_prefill_batch: a prefill per fill's prompts)
+    "oapl_L10_uncapped": ["--config.sampler.max_prefill_batch=0"],
 }
 SIDE_ENV = {"tunix_grpo_fast_start": {"XLA_FLAGS": " ".join(f"--{name}={str(value).lower()}" for name, value
                                                             in parallel.CPU_COMPILE["fast_start"].items())}}

@@ -1,7 +1,7 @@
 """A decode step's floors on this host: the memory-bound one (weight and KV-cache bytes read per step over the
 measured read bandwidth) and the compute-bound one (FLOPs per step over the best measured matmul rate).
 
-    python -m benchmarks.roofline                 # this host's read bandwidth (GB/s) and best f32 matmul rate
+    python -m benchmarks.roofline                 # this host's read bandwidth (GB/s), best f32 and bf16 matmul rates
 
 tunix_bench prints, per batch, each side's tokens/s against the larger of the two step times (the bound).
 Bytes per step: every matmul weight once (the vocabulary projection's table included; a tied table is read by the
@@ -14,16 +14,20 @@ import jax
 import jax.numpy as jnp
 
 
-def read_gbps(megabytes: int = 1024, repeats: int = 5) -> float:
-  """Best GB/s of one pass summing a float32 array of `megabytes` (a read of every byte, XLA's own loop)."""
-  x = jnp.ones(megabytes * 2**20 // 4, jnp.float32)
-  total = jax.jit(jnp.sum)
-  total(x).block_until_ready()
+def read_gbps(megabytes: int = 1024, repeats: int = 5, width: int = 1024) -> float:
+  """Best GB/s reading a float32 array of `megabytes` once, by the faster of two XLA programs: a sum of every
+  element, and a [rows, width] table times a vector (a batch-1 decode's own access: a one-row dot per weight), so
+  the floor is the best read XLA was seen to make here, whichever kernel made it."""
+  x = jnp.ones((megabytes * 2**20 // 4 // width, width), jnp.float32)
+  v = jnp.ones((width,), jnp.float32)
+  reads = (jax.jit(jnp.sum), jax.jit(lambda table, vec: table @ vec))
   best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    total(x).block_until_ready()
-    best = min(best, time.perf_counter() - start)
+  for read in reads:
+    jax.block_until_ready(read(x, v) if read is reads[1] else read(x))
+    for _ in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(read(x, v) if read is reads[1] else read(x))
+      best = min(best, time.perf_counter() - start)
   return x.nbytes / best / 1e9
 
 
@@ -54,5 +58,6 @@ def markdown(rows) -> str:
 
 if __name__ == "__main__":
   from benchmarks import ceiling
-  print(f"cpu: {ceiling.cpu_description()}; read {read_gbps():.1f} GB/s; best f32 matmul "
-        f"{ceiling.measure(repeats=3, with_torch=False)['jax']:.1f} GFLOP/s")
+  print(f"cpu: {ceiling.cpu_description()}; read {read_gbps():.1f} GB/s; XLA's best matmul: f32 "
+        f"{ceiling.measure(repeats=3, with_torch=False)['jax']:.1f} GFLOP/s, bf16 (f32 accumulation) "
+        f"{ceiling.measure(repeats=3, with_torch=False, dtype=jnp.bfloat16)['jax']:.1f} GFLOP/s")

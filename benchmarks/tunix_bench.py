@@ -257,10 +257,12 @@ def main(argv=None):
   table = markdown_table(rows)
   gbps = roofline.read_gbps()
   nbytes = 2 if args.dtype == "bfloat16" else 4
+  matmul = peak_flops["jax"] if nbytes == 4 else \
+      ceiling.measure(repeats=3, with_torch=False, dtype=args.dtype)["jax"]  # the dtype's own rate
   floors = [(b, roofline.floors(roofline.decode_bytes(config, b, context, nbytes, nbytes), b * decode_flops, b, gbps,
-                                peak_flops["jax"]), s["ours"], s["tunix"]) for b, s in sampled]
-  table += (f"\n\nRoofline ({args.dtype} weights and cache; read {gbps:.1f} GB/s, XLA's best matmul "
-            f"{peak_flops['jax']:.1f} GFLOP/s; benchmarks/roofline.py):\n\n" + roofline.markdown(floors))
+                                matmul), s["ours"], s["tunix"]) for b, s in sampled]
+  table += (f"\n\nRoofline ({args.dtype} weights and cache; read {gbps:.1f} GB/s, XLA's best {args.dtype} matmul "
+            f"{matmul:.1f} GFLOP/s; benchmarks/roofline.py):\n\n" + roofline.markdown(floors))
   with open("/proc/loadavg") as f:
     load = f.read().split()[:3]
   header = (f"cpu: {ceiling.cpu_description()}; load average {' '.join(load)} at the end\n"

@@ -47,10 +47,15 @@ def advantages(loss: str, settings, rewards_PxG: np.ndarray) -> Optional[np.ndar
   """The advantage each rollout enters the loss with, where it depends on rewards alone: OAPL's r - V̂*(x)
   (Eq. 2 at its beta1), GRPO's and M2PO's group-normalized reward; None for the others."""
   if loss == "oapl":
-    return rewards_PxG - np.asarray(objectives.v_star(rewards_PxG, settings.beta1))[:, None]
+    return rewards_PxG - np.asarray(_V_STAR(rewards_PxG, settings.beta1))[:, None]
   if loss in ("grpo", "grpo_onpolicy", "m2po"):
-    return np.asarray(objectives.grpo_advantages(rewards_PxG))
+    return np.asarray(_GRPO_ADVANTAGES(rewards_PxG))
   return None
+
+
+# One program each (not one per eager op, ~0.5 s of compiling on the demo's start-up path)
+_V_STAR = jax.jit(objectives.v_star)
+_GRPO_ADVANTAGES = jax.jit(objectives.grpo_advantages)
 
 
 def eval_path(workdir: str, step: int, set_name: str) -> str:

@@ -137,6 +137,33 @@ def test_continuous_batching_equals_each_sample_alone(model, sampler):
   assert len({tuple(groups.response_tokens[0, g]) for g in range(3)}) == 3  # samples differ
 
 
+def test_a_prefill_cap_splits_the_calls_into_few_shapes_and_samples_alike(model):
+  """max_prefill_batch = 2: six 1-sample prompts of one length bucket fill 8 slots in three prefill calls of at most
+  two rows (not one of 8), the same tokens as without the cap; capped, the eval's, the rollouts' and the probe's
+  prefills share one program where uncapped they compile one per power of two of the free slots' prompts."""
+  config, params = model
+  prompts = [[5, 17, 33], [42], [7, 7, 7, 7, 7, 7], [9, 8], [3, 3, 3], [1, 2, 3, 4, 5]]  # all in bucket 8
+  run = lambda s, group: _generate(s, s.params, prompts, group, max_new_tokens=4, seed=3)  # noqa: E731
+  capped, wide = (_sampler(config, params, num_slots=8, max_prefill_batch=cap) for cap in (2, 0))
+  out_capped, out_wide = run(capped, 1), run(wide, 1)
+  assert (out_capped.num_prefill_calls, out_wide.num_prefill_calls) == (3, 1)
+  np.testing.assert_array_equal(out_capped.response_tokens, out_wide.response_tokens)
+  np.testing.assert_allclose(out_capped.sampler_logp, out_wide.sampler_logp, atol=1e-5)
+  for group in (2, 4):  # 4 and 2 prompts fill the 8 slots
+    run(capped, group), run(wide, group)
+  assert capped._prefill._cache_size() == 1 and wide._prefill._cache_size() == 3  # rows 2 / rows 8, 4, 2
+  assert capped._insert._cache_size() == 1 and wide._insert._cache_size() == 3
+  assert buckets.prefill_chunks([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+  assert buckets.prefill_chunks([1, 2, 3], 0) == [[1, 2, 3]] and buckets.prefill_chunks([], 4) == []
+  keys = capped.slot_keys(3, [4, 5, 6], [0, 1, 2])  # num_slots rows whatever the count: one program
+  assert keys.shape == (8, 2)
+  np.testing.assert_array_equal(keys[:3], core.sample_keys(3, [4, 5, 6], [0, 1, 2]))
+  with pytest.raises(ValueError, match="9 samples for 8 slots"):
+    capped.slot_keys(3, range(9), range(9))
+  with pytest.raises(ValueError, match="max_prefill_batch=-1"):
+    core.Sampler(api.for_config(config), max_prefill_batch=-1)
+
+
 def _numpy_filtered_logp(logits_V, temperature, top_p, top_k):
   """Reference: temperature, then top-k, then top-p; renormalised log-probs (-inf outside)."""
   z = logits_V.astype(np.float64) / temperature

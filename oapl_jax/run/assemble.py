@@ -106,7 +106,8 @@ def build_sampler(rc: RunConfig, model: CausalLM, layout: parallel.Layout, *,
                layout=layout, snapshot_version=snapshot_version)
   if rc.sampler.backend == "scripted":
     return scripted.ScriptedSampler(model.config.vocab_size, **sizes)
-  return core.Sampler(sampler_model(rc, model), num_slots=rc.sampler.num_slots, **sizes)
+  return core.Sampler(sampler_model(rc, model), num_slots=rc.sampler.num_slots,
+                      max_prefill_batch=rc.sampler.max_prefill_batch, **sizes)
 
 
 def eval_seed(rc: RunConfig) -> int:

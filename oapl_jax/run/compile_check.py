@@ -332,7 +332,9 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
     try:
       sampler = assemble.build_sampler(cfg, model, placement.sampler)
       jitted = {"prefill": sampler._prefill, "insert": sampler._insert, "decode": sampler._decode}
-      inputs = sampler_inputs(sampler, prefill_rows=buckets.pow2(-(-sampler.num_slots // loop.group_size)))
+      # the largest prefill a run makes: a call of max_prefill_batch prompts, or one per slot (the entropy probe)
+      inputs = sampler_inputs(sampler, prefill_rows=buckets.pow2(min(sampler.num_slots,
+                                                                     sampler.max_prefill_batch or sampler.num_slots)))
       for name in sampler_programs:
         report(name, lambda name=name: compile_memory(lambda: (jitted[name], inputs[name]), sampler.layout.context(),
                                                       compiler_options).with_host_trips(1))

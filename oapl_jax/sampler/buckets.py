@@ -11,6 +11,12 @@ def prefill_bucket(length: int, max_prefill_length: int) -> int:
   return min(bucket, max_prefill_length)
 
 
+def prefill_chunks(items: list, max_batch: int) -> list[list]:
+  """`items` (prompts of one length bucket) in prefill calls of at most `max_batch` (0: one call)."""
+  step = max_batch or len(items) or 1
+  return [items[i:i + step] for i in range(0, len(items), step)]
+
+
 def pow2(n: int) -> int:
   return 1 << max(0, int(n) - 1).bit_length()
 

@@ -189,15 +189,19 @@ class Sampler(api.GroupSampler):
   """
 
   def __init__(self, model: CausalLM, *, layout: Optional[Layout] = None, num_slots: int = 8,
-               max_prefill_length: int = 256, max_new_tokens: int = 256, snapshot_version: int = 0):
+               max_prefill_length: int = 256, max_new_tokens: int = 256, max_prefill_batch: int = 0,
+               snapshot_version: int = 0):
     self.model, self.config = model, model.config
     self.layout = layout or Layout.single_device()
     self.num_slots = int(num_slots)
     self.max_prefill_length = int(max_prefill_length)
     self.max_new_tokens = int(max_new_tokens)
+    self.max_prefill_batch = int(max_prefill_batch)  # prompts per prefill call in `generate` (0: no cap)
     if self.num_slots < 1 or self.max_prefill_length < 1 or self.max_new_tokens < 1:
       raise ValueError(f"num_slots={num_slots}, max_prefill_length={max_prefill_length} and "
                        f"max_new_tokens={max_new_tokens} must all be >= 1")
+    if self.max_prefill_batch < 0:
+      raise ValueError(f"max_prefill_batch={max_prefill_batch} must be >= 0 (0: no cap)")
     batch_shards = self.layout.axis_size("cache_batch")
     if self.num_slots % batch_shards:
       raise ValueError(f"num_slots={num_slots} must be a multiple of the {batch_shards} devices the "
@@ -357,8 +361,18 @@ class Sampler(api.GroupSampler):
       logp_BxT = np.asarray(self._score(params, tokens, float(temperature)))
     return [logp_BxT[i, len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
 
+  def slot_keys(self, seed: int, prompt_ids, sample_ids) -> jax.Array:
+    """sample_keys of up to num_slots samples as [num_slots, 2] (the rows past them padding), one program for any
+    count: `insert` takes them as they are."""
+    if len(prompt_ids) > self.num_slots:
+      raise ValueError(f"slot_keys: {len(prompt_ids)} samples for {self.num_slots} slots")
+    ids = np.zeros((2, self.num_slots), np.int32)
+    ids[0, :len(prompt_ids)], ids[1, :len(sample_ids)] = prompt_ids, sample_ids
+    return sample_keys(seed, *ids)
+
   def insert(self, prefix: Prefix, state: DecodeState, slots, rows, keys, max_new=None) -> DecodeState:
-    """Start samples: prefix row rows[i] -> slot slots[i] with base key keys[i]. Donates `state`."""
+    """Start samples: prefix row rows[i] -> slot slots[i] with base key keys[i] (one key per sample, or
+    `slot_keys`' num_slots rows). Donates `state`."""
     slots, rows = np.asarray(slots, np.int32), np.asarray(rows, np.int32)
     if len(slots) > self.num_slots:
       raise ValueError(f"insert: {len(slots)} samples for {self.num_slots} slots")
@@ -370,7 +384,11 @@ class Sampler(api.GroupSampler):
                                          np.int32), slots.shape)
     slots = np.concatenate([slots, np.full((pad,), self.num_slots, np.int32)])
     rows = np.concatenate([rows, np.zeros((pad,), np.int32)])
-    keys = jnp.concatenate([jnp.asarray(keys, jnp.uint32).reshape(-1, 2), jnp.zeros((pad, 2), jnp.uint32)])
+    keys = jnp.asarray(keys, jnp.uint32).reshape(-1, 2)
+    if not len(slots) - pad <= keys.shape[0] <= self.num_slots:
+      raise ValueError(f"insert: {keys.shape[0]} keys for {len(slots) - pad} samples and {self.num_slots} slots")
+    if keys.shape[0] < self.num_slots:  # slot_keys' are S rows already: no program per M here
+      keys = jnp.concatenate([keys, jnp.zeros((self.num_slots - keys.shape[0], 2), jnp.uint32)])
     max_new = np.concatenate([max_new, np.zeros((pad,), np.int32)])
     with self.layout.context():
       return self._insert(prefix, state, slots, rows, keys, max_new)

@@ -5,10 +5,11 @@
     groups.response_tokens  # [P, G, 512], groups.sampler_logp, groups.snapshot_version, ...
 
 Continuous batching over the sampler's slots (`GroupBatcher`): whenever slots finish, they are
-refilled at once with the next pending (prompt, sample) pairs (prompts are prefilled once, in
-length buckets, and shared by their G samples). The device runs `steps_per_sync` decode steps per
-host visit; the host reads only the done flags, plus the rows of slots that just finished. Without
-stop tokens no slot can finish before its budget runs out, so a visit lasts until the first one does.
+refilled at once with the next pending (prompt, sample) pairs (prompts are prefilled once, in length
+buckets of at most `max_prefill_batch` prompts a call, and shared by their G samples). The device runs
+`steps_per_sync` decode steps per host visit; the host reads only the done flags, plus the rows of
+slots that just finished. Without stop tokens no slot can finish before its budget runs out, so a
+visit lasts until the first one does.
 
 With `grow_cache` the KV cache grows with the batch (`buckets.cache_bucket`): before each visit the
 host bounds every slot's position from what it has run, so a young batch attends over a short
@@ -111,7 +112,8 @@ class GroupBatcher:
     by_bucket = collections.defaultdict(list)
     for p in sorted({p for p, _ in batch if p not in self.prefixes}):
       by_bucket[buckets.prefill_bucket(len(prompts[p]), sampler.max_prefill_length)].append(p)
-    for ps in by_bucket.values():
+    for ps in (chunk for bucket in by_bucket.values() for chunk in buckets.prefill_chunks(bucket,
+                                                                                            sampler.max_prefill_batch)):
       prefix = sampler.prefill(self.params, [prompts[p] for p in ps])
       self.out.num_prefill_calls += 1
       for row, p in enumerate(ps):
@@ -122,7 +124,7 @@ class GroupBatcher:
       by_prefix[id(prefix)].append((prefix, slot, row, p, g))
     for items in by_prefix.values():
       prefix, slots, rows, ps, gs = items[0][0], *list(zip(*items))[1:]
-      keys = sampler.sample_keys(self.out.seed, [self.prompt_ids[p] for p in ps], gs)
+      keys = sampler.slot_keys(self.out.seed, [self.prompt_ids[p] for p in ps], gs)
       self.state = sampler.insert(prefix, self.state, slots, rows, keys)
     for slot, (p, g) in zip(free, batch):
       self.occupant[slot] = (p, g)

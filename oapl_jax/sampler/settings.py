@@ -49,5 +49,8 @@ class SamplerConfig(SamplingFields):
   temperature: float = sections.rule(1.0, low=0, low_open=True)  # also the trainer's (no greedy)
   num_slots: int = sections.rule(64, low=1)  # sequences decoded at once (continuous batching)
   max_prefill_length: int = sections.rule(1024, low=1)  # the longest prompt in tokens (validation.on_oversized)
+  # prompts per prefill call at most (0 = as many as the free slots take): one program per power of two up to it,
+  # so rollouts, evals and the entropy probe share their prefill and insert programs, and a prefix holds that many rows
+  max_prefill_batch: int = sections.rule(16, low=0)
   dtype: str = sections.rule("float32", choices=DTYPES)  # the snapshot's params and its compute
   backend: str = sections.rule("jax", choices=BACKENDS)  # sampler/api.py: 'scripted' decodes nothing (tests)
