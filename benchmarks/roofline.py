@@ -20,15 +20,20 @@ def read_gbps(megabytes: int = 1024, repeats: int = 5, width: int = 1024) -> flo
   the floor is the best read XLA was seen to make here, whichever kernel made it."""
   x = jnp.ones((megabytes * 2**20 // 4 // width, width), jnp.float32)
   v = jnp.ones((width,), jnp.float32)
-  reads = (jax.jit(jnp.sum), jax.jit(lambda table, vec: table @ vec))
-  best = float("inf")
-  for read in reads:
-    jax.block_until_ready(read(x, v) if read is reads[1] else read(x))
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(read(x, v) if read is reads[1] else read(x))
-      best = min(best, time.perf_counter() - start)
+  total, matvec = jax.jit(jnp.sum), jax.jit(jnp.matmul)
+  best = min(_best_seconds(lambda: total(x), repeats), _best_seconds(lambda: matvec(x, v), repeats))
   return x.nbytes / best / 1e9
+
+
+def _best_seconds(read, repeats: int) -> float:
+  """The least wall time of `read()` over `repeats` calls after a warm-up."""
+  jax.block_until_ready(read())
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(read())
+    best = min(best, time.perf_counter() - start)
+  return best
 
 
 def decode_bytes(config, batch: int, context: float, weight_bytes: int = 4, cache_bytes: int = 4) -> float:
