@@ -215,7 +215,7 @@ def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag,
       break
     if probing:
       run.reporter.scalars(step, run.reporter.phases.marks())
-      report.last_fetch = time.perf_counter()
+      report.restart_clock()
     drawn = _draw(run, worker, step, s)
     if drawn is None:  # a stop cut the sampler's eval or the chunk this step needs: step s is the resume's
       cut = True
@@ -246,8 +246,12 @@ class _StepReport:
     scalars = {f"train/{k}": v for k, v in metrics.items()}
     scalars.update(extra, **{"train/tokens_per_second": float(metrics["tokens"]) / seconds})
     self.run.reporter.scalars(step, scalars)
-    self.last_fetch = time.perf_counter()
+    self.restart_clock()
     return self.run.windows.ends_after(metrics)
+
+  def restart_clock(self) -> None:
+    """Tokens per second count from now: after a fetch, or after a probe (whose time is no step's)."""
+    self.last_fetch = time.perf_counter()
 
 
 def _draw(run: Online, worker: RolloutWorker, step: int, s: int) -> Optional[tuple[dict, dict, float]]:
