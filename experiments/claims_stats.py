@@ -136,13 +136,26 @@ class Claim:
   value: Optional[Callable[[RunResult], float]] = None  # per-run number (the difference is arm - comparator)
   pair: Optional[Callable[[RunResult, RunResult], float]] = None  # or a per-seed number of the pair itself
   shift: float = 0.0  # added to every difference before the test (claim 3's non-inferiority margin)
-  candidates: tuple[str, ...] = ()  # claim 5: the arm is the best of these (its p times their number)
+  candidates: tuple[str, ...] = ()  # claim 5: the arm is the best of these the study has (its p times their number)
   units: str = ""
+
+
+def _claim5_choice(study: plan.Study) -> tuple[tuple[str, ...], str]:
+  """Claim 5's OAPL candidates that the study has, and the words for the choice: the p is multiplied by their
+  number (a claim-1 study has one OAPL arm, so no choice and no multiplier)."""
+  L, LL = study.lag, study.long_lag
+  arms = study.arms()
+  candidates = tuple(a for a in (f"oapl_L{L}", f"oapl_L{L}_reuse2", f"oapl_L{LL}") if a in arms)
+  if len(candidates) <= 1:
+    return candidates, f"OAPL's arm is oapl_L{L}, the study's only OAPL arm (no choice, no multiplier)"
+  return candidates, (f"OAPL's arm is the best (largest mean) of {', '.join(candidates[:-1])} and {candidates[-1]}, "
+                      f"its p multiplied by {len(candidates)} for that choice")
 
 
 def claims(study: plan.Study, primary: str = "final") -> list[Claim]:
   L, LL = study.lag, study.long_lag
   value, words = primary_value(primary)
+  candidates, choice = _claim5_choice(study)
   return [
       Claim("1", "OAPL beats GRPO (off-by-one) on pass@1", f"oapl_L{L}", "grpo_obo", words, value),
       Claim("2", "OAPL keeps a higher entropy (at matched validation pass@1)", f"oapl_L{L}", "grpo_obo",
@@ -156,9 +169,7 @@ def claims(study: plan.Study, primary: str = "final") -> list[Claim]:
             "grpo_obo", "validation pass@k_max - pass@1 (k_max: the loop eval's largest k) at matched validation "
             "pass@1", pair=matched_pair(passk_gap_curve)),
       Claim("5", "OAPL at its best needs fewer generations", f"oapl_L{L}", "grpo_obo",
-            CLAIM5_RULE + f"; OAPL's arm is the best (largest mean) of oapl_L{L}, oapl_L{L}_reuse2 and oapl_L{LL}, "
-            "its p multiplied by 3 for that choice", pair=claim5_log_ratio,
-            candidates=(f"oapl_L{L}", f"oapl_L{L}_reuse2", f"oapl_L{LL}"), units="log2 ratio"),
+            f"{CLAIM5_RULE}; {choice}", pair=claim5_log_ratio, candidates=candidates, units="log2 ratio"),
   ]
 
 

@@ -363,3 +363,19 @@ def test_hard_tail_halves():
     wrong[hard_tail_task.is_hard(p)].append(task.tokenizer.decode(d.completion_tokens[:-1]) != p.answer)
   assert all(wrong[True]) and 0.3 < np.mean(wrong[False]) < 0.7
   assert hard_tail_task.is_hard(task.train[0]) == (int(task.train[0].prompt.split("+")[0]) % 2 == 1)
+
+
+def test_a_claim1_study_has_no_choice_for_claim5_so_no_multiplier():
+  """Claim 5 takes OAPL's best arm and multiplies its p by the number it chose from; a claim-1 study has one OAPL
+  arm, so its p is the plain sign-flip p (2 / 2^3 for three seeds, all the same sign)."""
+  study = _study(claim1_only=True)
+  assert set(study.arms()) == {"oapl_L50", "grpo_obo"}
+  fast, slow = [(0, 0.2), (150, 0.6), (300, 0.7)], [(0, 0.2), (150, 0.3), (300, 0.7)]
+  runs = {"oapl_L50": {s: _run(fast, 19200, 300) for s in range(3)},
+          "grpo_obo": {s: _run(slow, 19200, 300) for s in range(3)}}
+  c5 = {o.claim.key: o for o in claims_stats.evaluate_claims(study, runs)}["5"]
+  assert all(d > 0 for d in c5.summary.diffs)
+  assert c5.summary.p == pytest.approx(0.25)
+  assert "no multiplier" in c5.claim.statistic
+  full = {o.claim.key: o for o in claims_stats.evaluate_claims(_study(), runs)}["5"]
+  assert "multiplied by 3" in full.claim.statistic

@@ -265,3 +265,26 @@ def test_the_run_archive_collects_the_same_report_elsewhere(tmp_path, monkeypatc
   monkeypatch.setattr(claims, "execute", _fake_execute(calls, threading.Lock()))
   claims.Runner(study, elsewhere).study_all()
   assert [os.path.join(elsewhere, c) for c in calls] == [lost]
+
+
+def test_the_tuned_points_table_says_where_each_winner_sits(tmp_path, capsys):
+  """experiments.tuned_points: a winner inside its grid is settled; one at the high lr edge that beats its inner
+  neighbour is not (the rule would add the next lr at every knob); the strength scales the pilot's share."""
+  from experiments import tuned_points, tuning_record  # pylint: disable=import-outside-toplevel
+  inside, edge = _scores((1e-4, 0.25)), _scores((3e-4, 0.25))
+  for name, scores in (("inside", inside), ("edge", edge)):
+    tuning_record.write(str(tmp_path / f"{name}.json"), tuning_record.Record(
+        "s", (1000, 1001), "hand-made", {"oapl": tuning_record.Recorded(scores, tuning.choose(scores), [], {}, {})}))
+  spec = {"title": "t", "tasks": [
+      {"task": "in", "tuning": "inside.json", "pilot": {"share": 0.2, "beta2": 0.25}},
+      {"task": "at edge", "tuning": str(tmp_path / "edge.json")}]}
+  (tmp_path / "spec.json").write_text(json.dumps(spec))
+  assert tuned_points.main([str(tmp_path / "spec.json"), "--out", str(tmp_path / "out")]) == 0
+  text = (tmp_path / "out" / "report.md").read_text()
+  rows = [line for line in text.splitlines() if line.startswith("| in ") or line.startswith("| at edge ")]
+  assert "**0.0001, 0.25**" in rows[0] and "| 0.2 |" in rows[0]  # 0.25 * 0.2 / 0.25
+  assert "inside / inside | settled |" in rows[0]
+  assert "**0.0003, 0.25**" in rows[1] and "high edge / inside | would add 3 points |" in rows[1]
+  assert (tmp_path / "out" / "tuned_points.png").stat().st_size > 10_000
+  assert tuned_points.main([str(tmp_path / "missing.json"), "--out", str(tmp_path / "o2")]) == 2
+  assert "missing.json" in capsys.readouterr().err
