@@ -4,6 +4,8 @@
 #
 #   bash benchmarks/gpu_check.sh                        # every section, about 10 minutes: more than one call allows
 #   bash benchmarks/gpu_check.sh tests decode_1p7b  # some of: tests decode_0p6b decode_1p7b train attention functional
+#   DECODE_BATCHES="1 16" bash benchmarks/gpu_check.sh decode_0p6b decode_cmdbuf   # the decode with and without
+#       the loop as one CUDA graph (COMMAND_BUFFERS: XLA's command-buffer kinds)
 #
 # Logs and a summary under $OUT (default /tmp/gpu_check). Seen on an H100 (2026-11-26): each decode batch size
 # compiles in 24-33 s; the tests 204 s at -n 12 (compilation); demo 66 s, gsm8k smoke 74 s beside them.
@@ -41,8 +43,15 @@ cat "$OUT/summary.txt"
 run_section() {
   case $1 in
     decode_0p6b | decode_1p7b)
+      # shellcheck disable=SC2086
       section "$1" 170 python3 -m benchmarks.gpu_bench decode --widths "qwen3_${1#decode_}" --new_tokens 64 \
-        --repeats 3 ;;
+        --repeats 3 --batches $DECODE_BATCHES ;;
+    decode_cmdbuf)  # the decode loop as one CUDA graph: XLA's command buffers with WHILE and CONDITIONAL added,
+      # so the early-exit loop's predicate is not copied to the host every step; Qwen3-0.6B
+      # shellcheck disable=SC2086
+      section "$1" 170 env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=$COMMAND_BUFFERS" \
+        python3 -m benchmarks.gpu_bench decode --widths qwen3_0p6b --new_tokens 64 --repeats 3 \
+        --batches $DECODE_BATCHES ;;
     train)
       section train 110 python3 -m benchmarks.gpu_bench train --lengths 2048 4096 8192 --tokens 4096 --repeats 3 \
         --remat ;;
@@ -60,11 +69,13 @@ run_section() {
     *) echo "unknown section $1" >&2; exit 2 ;;
   esac
 }
+DECODE_BATCHES=${DECODE_BATCHES:-1 16 64 256}
+COMMAND_BUFFERS=${COMMAND_BUFFERS:-FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL}
 SECTIONS=${*:-tests decode_0p6b decode_1p7b train attention functional}
 for name in $SECTIONS; do run_section "$name"; done
 
 echo "== summary"; tail -n 8 "$OUT/summary.txt"
-for name in decode_0p6b decode_1p7b train attention; do
+for name in decode_0p6b decode_cmdbuf decode_1p7b train attention; do
   [ -f "$OUT/$name.log" ] && { echo "== $name"; grep -v "it/s\]\|^Loading\|^Writing" "$OUT/$name.log" | tail -14; }
 done
 [ -f "$OUT/tests.log" ] && {
