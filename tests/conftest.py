@@ -15,11 +15,14 @@ from oapl_jax import fake_devices  # imports nothing of JAX
 # all met within its timeout; 120 s leaves room for an oversubscribed 2-core machine (two test workers beside other
 # work) and ends a real hang soon, with the abort's message. The collectives' own deadlock on too few threads is
 # prevented below (oapl_jax/fake_devices.py).
+# On an accelerator (benchmarks/gpu_check.sh sets JAX_PLATFORMS=cuda,cpu) only the device count is set: the GPU
+# image's jaxlib (0.11.2, outside pyproject's pin) aborts on the unknown --xla_cpu_use_fusion_emitters.
+CPU_FIRST = os.environ.get("JAX_PLATFORMS", "cpu").split(",")[0] == "cpu"
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-    + " --xla_cpu_collective_call_terminate_timeout_seconds=120 --xla_cpu_collective_timeout_seconds=120"
-    + " --xla_cpu_collective_call_warn_stuck_timeout_seconds=30"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    + (" --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+       " --xla_cpu_collective_call_terminate_timeout_seconds=120 --xla_cpu_collective_timeout_seconds=120"
+       " --xla_cpu_collective_call_warn_stuck_timeout_seconds=30" if CPU_FIRST else "")
 ).strip()
 fake_devices.make_room_for_collectives()  # PJRT_NPROC: the suite's processes and the commands it starts
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

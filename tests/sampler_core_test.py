@@ -164,6 +164,29 @@ def test_a_prefill_cap_splits_the_calls_into_few_shapes_and_samples_alike(model)
     core.Sampler(api.for_config(config), max_prefill_batch=-1)
 
 
+def test_a_one_slot_sampler_decodes_in_more_rows_where_its_platform_asks_and_samples_alike(model, monkeypatch):
+  """MIN_DECODE_ROWS (2 on GPUs, where a one-row step is slower than a two-row one): one slot then decodes in a
+  two-row state whose extra row stays empty, with the same tokens and log-probs as a one-row state."""
+  config, params = model
+  prompts = [[5, 17, 33], [42, 9]]
+  run = lambda s: _generate(s, s.params, prompts, 2, max_new_tokens=5, seed=4)  # noqa: E731
+  one_row = _sampler(config, params, num_slots=1)
+  monkeypatch.setitem(core.MIN_DECODE_ROWS, "cpu", 2)
+  two_rows = _sampler(config, params, num_slots=1)
+  assert (one_row.decode_rows, two_rows.decode_rows, two_rows.num_slots) == (1, 2, 1)
+  assert two_rows.init_decode_state(SamplingSettings(max_new_tokens=5)).done_S.shape == (2,)
+  a, b = run(one_row), run(two_rows)
+  np.testing.assert_array_equal(a.response_tokens, b.response_tokens)
+  np.testing.assert_allclose(a.sampler_logp, b.sampler_logp, atol=1e-5)
+  assert two_rows.slot_keys(4, [0], [0]).shape == (2, 2)
+  state = two_rows.init_decode_state(SamplingSettings(max_new_tokens=5))
+  state = two_rows.insert(two_rows.prefill(two_rows.params, [[5, 17, 33]]), state, [0], [0],
+                          two_rows.slot_keys(4, [0], [0]))
+  assert np.asarray(state.done_S).tolist() == [False, True]  # the extra row is never filled
+  with pytest.raises(ValueError, match="2 samples for 1 slots"):
+    two_rows.slot_keys(4, [0, 1], [0, 1])
+
+
 def _numpy_filtered_logp(logits_V, temperature, top_p, top_k):
   """Reference: temperature, then top-k, then top-p; renormalised log-probs (-inf outside)."""
   z = logits_V.astype(np.float64) / temperature

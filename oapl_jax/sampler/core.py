@@ -152,6 +152,11 @@ def generate_fn(model: CausalLM, params, state: DecodeState):
   return state, jnp.stack([tokens_S, active_S.astype(jnp.int32), state.num_generated_S], axis=1)
 
 
+# The fewest rows a decode state has, by platform. On an H200 (JAX 0.11.2, Qwen3-0.6B in bf16, 28 layers) a
+# one-row step took 2.40 ms and a two-row step 1.50 ms (docs/benchmarks.md, GPU): one empty row more is faster.
+MIN_DECODE_ROWS = {"gpu": 2}
+
+
 def init_state_fn(model: CausalLM, num_slots, cache_len, max_new_tokens, max_len, knobs) -> DecodeState:
   """knobs: (stop_tokens_X, temperature, top_p, top_k), the sampling settings as arrays."""
   S, N = num_slots, max_new_tokens
@@ -202,6 +207,8 @@ class Sampler(api.GroupSampler):
                        f"max_new_tokens={max_new_tokens} must all be >= 1")
     if self.max_prefill_batch < 0:
       raise ValueError(f"max_prefill_batch={max_prefill_batch} must be >= 0 (0: no cap)")
+    # The decode state's rows: num_slots, or more where a one-row decode step is slow (the extra rows stay empty)
+    self.decode_rows = max(self.num_slots, MIN_DECODE_ROWS.get(self.layout.platform, 1))
     batch_shards = self.layout.axis_size("cache_batch")
     if self.num_slots % batch_shards:
       raise ValueError(f"num_slots={num_slots} must be a multiple of the {batch_shards} devices the "
@@ -320,7 +327,7 @@ class Sampler(api.GroupSampler):
     stops[:len(settings.stop_tokens)] = settings.stop_tokens
     knobs = (stops, np.float32(settings.temperature), np.float32(settings.top_p), np.int32(settings.top_k))
     with self.layout.context():
-      return self._init_state(self.num_slots, cache_len, n, max_len, knobs)
+      return self._init_state(self.decode_rows, cache_len, n, max_len, knobs)
 
   def grow_cache(self, state: DecodeState, cache_len: int) -> DecodeState:
     """The same state with its cache zero-padded to cache_len positions (no-op if already that long)."""
@@ -362,11 +369,11 @@ class Sampler(api.GroupSampler):
     return [logp_BxT[i, len(p) - 1:len(p) - 1 + len(r)] for i, (p, r) in enumerate(zip(prompts, responses))]
 
   def slot_keys(self, seed: int, prompt_ids, sample_ids) -> jax.Array:
-    """sample_keys of up to num_slots samples as [num_slots, 2] (the rows past them padding), one program for any
+    """sample_keys of up to num_slots samples as [decode_rows, 2] (the rows past them padding), one program for any
     count: `insert` takes them as they are."""
     if len(prompt_ids) > self.num_slots:
       raise ValueError(f"slot_keys: {len(prompt_ids)} samples for {self.num_slots} slots")
-    ids = np.zeros((2, self.num_slots), np.int32)
+    ids = np.zeros((2, self.decode_rows), np.int32)
     ids[0, :len(prompt_ids)], ids[1, :len(sample_ids)] = prompt_ids, sample_ids
     return sample_keys(seed, *ids)
 
@@ -379,16 +386,17 @@ class Sampler(api.GroupSampler):
     if self.cache_length(prefix) > self.cache_length(state):
       raise ValueError(f"insert: a prefix of {self.cache_length(prefix)} positions does not fit the state's "
                        f"cache of {self.cache_length(state)}: grow_cache first")
-    pad = self.num_slots - len(slots)  # always S entries: one compile per prefix shape
+    S = self.decode_rows
+    pad = S - len(slots)  # always S entries: one compile per prefix shape
     max_new = np.broadcast_to(np.asarray(state.out_tokens_SxN.shape[1] if max_new is None else max_new,
                                          np.int32), slots.shape)
-    slots = np.concatenate([slots, np.full((pad,), self.num_slots, np.int32)])
+    slots = np.concatenate([slots, np.full((pad,), S, np.int32)])  # S is out of range: dropped
     rows = np.concatenate([rows, np.zeros((pad,), np.int32)])
     keys = jnp.asarray(keys, jnp.uint32).reshape(-1, 2)
-    if not len(slots) - pad <= keys.shape[0] <= self.num_slots:
+    if not len(slots) - pad <= keys.shape[0] <= S:
       raise ValueError(f"insert: {keys.shape[0]} keys for {len(slots) - pad} samples and {self.num_slots} slots")
-    if keys.shape[0] < self.num_slots:  # slot_keys' are S rows already: no program per M here
-      keys = jnp.concatenate([keys, jnp.zeros((self.num_slots - keys.shape[0], 2), jnp.uint32)])
+    if keys.shape[0] < S:  # slot_keys' are S rows already: no program per M here
+      keys = jnp.concatenate([keys, jnp.zeros((S - keys.shape[0], 2), jnp.uint32)])
     max_new = np.concatenate([max_new, np.zeros((pad,), np.int32)])
     with self.layout.context():
       return self._insert(prefix, state, slots, rows, keys, max_new)
