@@ -91,6 +91,7 @@ def get_config(arg: str = "arithmetic") -> ConfigDict:
   c = _arithmetic_demo_config()  # the demo's tiny model, task, teacher (slip 0.7) and 1000-step warm start
   c.mesh.cpu_compile = "fast_code"  # as every study run so far compiled (the demo's is 'fast_start'): resumes match
   c.sampler.max_prefill_batch = 0  # every prefill as wide as the free slots take, as every study run so far
+  c.model.update(logprob_chunk_tokens=512, logprob_tail_levels=3)  # the vocabulary's chunks as every study run so far
   base = c.task
   base.teacher_slip_rate = SLIP_RATE
   if task == "chain":  # the chain task, held out as 'arithmetic': 128 validation, 256 test
