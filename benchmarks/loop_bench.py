@@ -7,7 +7,8 @@ off-by-one) against Tunix 0.1.7's GRPO learner, on the demo's task from one warm
     ... --workdir runs/loop_bench_cache --compile_cache runs/loop_bench_cache/jax_cache   # warm start-up: seed 0
         fills JAX's persistent cache (both sides), seeds 1 and 2 start from it
 
-The warm start is the demo's (configs/arithmetic.py, made once by apps/sweep_warmstart into WORKDIR/warmstart,
+The warm start is the demo's (configs/arithmetic.py:rope1e6, the demo at Qwen3's rope_theta, the one Tunix's Qwen3
+applies; made once by apps/sweep_warmstart into WORKDIR/warmstart,
 with the character tokenizer written beside it as tokenizer.json); each library loads it with its own loader.
 Every side: the demo's 2-digit addition, exact-match reward, 16 prompts x G = 8 per trainer step, 120 steps,
 AdamW (b1 0.9, b2 0.95, clip 1.0), the same 256 held-out prompts, 4 samples each at temperature 0.6, top-p 0.95,
@@ -33,7 +34,9 @@ from benchmarks.tunix_bench import ROOT, tunix_python, worker_env
 from oapl_jax import parallel
 
 WORKDIR = os.path.join(ROOT, "runs", "loop_bench")
-CONFIG = os.path.join(ROOT, "configs", "arithmetic.py")
+# the demo at Qwen3's rope_theta (1e6): Tunix 0.1.7's Qwen3 attention calls apply_rope without the config's theta,
+# so at the tiny preset's 1e4 it would run another model than the checkpoint (logits 1.5 apart by position 6)
+CONFIG = os.path.join(ROOT, "configs", "arithmetic.py") + ":rope1e6"
 LRS = (3e-5, 1e-4, 3e-4)
 STEPS, EVAL_EVERY = 120, 10
 COMMON = [f"--config.warmstart.steps=0", f"--config.eval.every_steps={EVAL_EVERY}",
@@ -85,6 +88,40 @@ def prepare(workdir: str) -> tuple[str, str]:
       json.dump(out, f)
     os.replace(data + ".tmp", data)
   return warm, data
+
+
+SAME_MODEL_TOLERANCE = 1e-3  # largest |logit| difference the two libraries may show on the warm start (float32)
+
+
+def same_model(workdir: str, warm: str, data: str) -> float:
+  """The largest |logit| difference between our loader's model and Tunix's on the first held-out prompt (kept in
+  WORKDIR/same_model.json); refuses the benchmark above SAME_MODEL_TOLERANCE: the sides must train one model."""
+  path = os.path.join(workdir, "same_model.json")
+  if not os.path.exists(path):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    from oapl_jax.models import decoder, hf  # pylint: disable=import-outside-toplevel
+    with open(data) as f:
+      prompt = json.load(f)["held_out"][0]["prompt"]
+    tokens = transformers.PreTrainedTokenizerFast.from_pretrained(warm)(prompt)["input_ids"]
+    config, params = hf.load(warm)
+    ours = np.asarray(decoder.logits(params, config, np.asarray([tokens], np.int32))[0])
+    out = subprocess.run([tunix_python(), "-m", "benchmarks.tunix_logits", "--checkpoint", warm, "--tokens",
+                          ",".join(map(str, tokens))], cwd=ROOT, capture_output=True, text=True, env=worker_env())
+    if out.returncode:
+      raise SystemExit(f"benchmarks.tunix_logits failed:\n{out.stderr[-2000:]}")
+    theirs = np.asarray(json.loads(out.stdout.strip().splitlines()[-1])["logits"])
+    record = {"prompt": prompt, "tokens": tokens, "max_abs_logit_diff": float(np.abs(ours - theirs).max()),
+              "per_position": np.abs(ours - theirs).max(-1).tolist()}
+    with open(path, "w") as f:
+      json.dump(record, f, indent=1)
+  with open(path) as f:
+    diff = json.load(f)["max_abs_logit_diff"]
+  if diff > SAME_MODEL_TOLERANCE:
+    raise SystemExit(f"the two libraries do not run one model on {warm}: logits up to {diff:.3g} apart ({path}); "
+                     "Tunix 0.1.7's Qwen3 applies rope_theta 1e6 whatever the checkpoint says")
+  print(f"[loop_bench] one model: ours and Tunix's logits agree to {diff:.2g} on the warm start", flush=True)
+  return diff
 
 
 def run_dir(workdir: str, side: str, lr: float, seed: int) -> str:
@@ -194,6 +231,8 @@ def main(argv=None):
   if args.stage == "report":
     return print(report(args.workdir, args.out))
   warm, data = prepare(args.workdir)
+  if any(SIDES[side] is None for side in args.sides) and args.stage != "report":
+    same_model(args.workdir, warm, data)
   env = {"JAX_COMPILATION_CACHE_DIR": os.path.abspath(args.compile_cache)} if args.compile_cache else {}
   for side in args.sides:
     if args.stage == "tune":

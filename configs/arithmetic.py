@@ -4,6 +4,7 @@
   python -m oapl_jax.main --config configs/arithmetic.py:smoke --workdir /tmp/smoke
   python -m oapl_jax.main --config configs/arithmetic.py:grpo --workdir runs/grpo   # the GRPO baseline
   python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --parallel 2  # get_hyper
+  python -m oapl_jax.main --config configs/arithmetic.py:rope1e6 ...   # Qwen3's rope_theta (benchmarks/loop_bench.py)
 
 The model is warm-started by a short supervised phase on an imperfect teacher: 70% of the
 demonstrations slip on the last digit. It learns addition, and the slip, so held-out pass@1 at
@@ -48,8 +49,10 @@ def get_config(arg: str = "") -> ConfigDict:
   c.checkpoint.every_syncs = 2
 
   parts = set(arg.split(",")) - {""}
-  if parts - {"grpo", "smoke", "sweep"}:
-    raise ValueError(f"unknown variant {arg!r}; known: '' (OAPL), 'grpo', 'smoke', 'sweep' (combinable)")
+  if parts - {"grpo", "smoke", "sweep", "rope1e6"}:
+    raise ValueError(f"unknown variant {arg!r}; known: '' (OAPL), 'grpo', 'smoke', 'sweep', 'rope1e6' (combinable)")
+  if "rope1e6" in parts:  # Qwen3's rope_theta: Tunix 0.1.7's Qwen3 applies 1e6 whatever the checkpoint says (loop_bench)
+    c.model.overrides["rope_theta"] = 1_000_000.0
   if "grpo" in parts:  # the paper's baseline on the same task: token-level IS, clip 0.2, TIS cap 2
     c.trainer.loss = "grpo"
   if "smoke" in parts:  # seconds on CPU: one window of two steps

@@ -51,3 +51,37 @@ def test_a_result_from_our_run_directory(tmp_path):
   row = loop_curves.row("ours", 1e-4, [r])
   assert row["to 0.8"] == pytest.approx(30.0) and row["trainer waits"] == pytest.approx(0.1)
   assert "| ours | 0.0001 | 1 |" in loop_curves.markdown([row])
+
+
+def test_the_benchmark_refuses_two_libraries_that_do_not_run_one_model(tmp_path, monkeypatch):
+  """loop_bench.same_model compares our logits on the warm start with what Tunix's worker prints: equal logits pass,
+  logits 0.5 apart at one position (Tunix 0.1.7's fixed rope_theta did 1.5) stop the benchmark, naming the file."""
+  import subprocess
+  import numpy as np
+  from benchmarks import loop_bench
+  from oapl_jax.models import decoder, hf
+  from tests.hf_fixtures import make_hf_checkpoint
+  warm = tmp_path / "warm"
+  make_hf_checkpoint(warm, "qwen3", seed=0)
+  transformers = pytest.importorskip("transformers")
+  from oapl_jax.run import export
+  from oapl_jax.tasks import arithmetic
+  export.write_char_tokenizer(arithmetic.CharTokenizer(), str(warm), 64)
+  data = tmp_path / "data.json"
+  data.write_text(json.dumps({"held_out": [{"prompt": "25+78=", "answer": "103"}]}))
+  tokens = transformers.PreTrainedTokenizerFast.from_pretrained(str(warm))("25+78=")["input_ids"]
+  config, params = hf.load(str(warm))
+  ours = np.asarray(decoder.logits(params, config, np.asarray([tokens], np.int32))[0])
+  for shift, workdir in ((0.0, tmp_path / "same"), (0.5, tmp_path / "other")):
+    theirs = ours.copy()
+    theirs[-1, 0] += shift
+    printed = json.dumps({"logits": theirs.tolist()})
+    monkeypatch.setattr(loop_bench, "tunix_python", lambda: "python")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, printed, ""))
+    workdir.mkdir()
+    if shift:
+      with pytest.raises(SystemExit, match="do not run one model"):
+        loop_bench.same_model(str(workdir), str(warm), str(data))
+    else:
+      assert loop_bench.same_model(str(workdir), str(warm), str(data)) < 1e-6
+    assert json.loads((workdir / "same_model.json").read_text())["tokens"] == tokens
