@@ -10,7 +10,7 @@ off-by-one) against Tunix 0.1.7's GRPO learner, on the demo's task from one warm
 The warm start is the demo's (configs/arithmetic.py:rope1e6, the demo at Qwen3's rope_theta, the one Tunix's Qwen3
 applies; made once by apps/sweep_warmstart into WORKDIR/warmstart,
 with the character tokenizer written beside it as tokenizer.json); each library loads it with its own loader.
-Every side: the demo's 2-digit addition, exact-match reward, 16 prompts x G = 8 per trainer step, 120 steps,
+Every side: the demo's 2-digit addition, exact-match reward, 16 prompts x G = 8 per trainer step, 120 steps (--steps),
 AdamW (b1 0.9, b2 0.95, clip 1.0), the same 256 held-out prompts, 4 samples each at temperature 0.6, top-p 0.95,
 evaluated every 10 trainer steps with the trainer's current params (ours: eval.every_steps; Tunix: before the
 learner's next batch). Wall time runs from the loop's start (compilation included) to each eval's end, eval time
@@ -43,9 +43,9 @@ COMMON = [f"--config.warmstart.steps=0", f"--config.eval.every_steps={EVAL_EVERY
           "--config.loop.eval_every_syncs=1000000", "--config.checkpoint.every_syncs=1000000"]
 SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 steps each), or None: Tunix
     "oapl_L10": [],  # the demo's settings (mesh.cpu_compile='fast_start' from 2026-11-29 on)
-    "oapl_L4": ["--config.loop.sync_every=4", "--config.loop.num_syncs=30"],
-    "oapl_L40": ["--config.loop.sync_every=40", "--config.loop.num_syncs=3"],
-    "grpo_obo": ["--config.trainer.loss=grpo", "--config.loop.sync_every=2", "--config.loop.num_syncs=60",  # plan.py
+    "oapl_L4": ["--config.loop.sync_every=4"],
+    "oapl_L40": ["--config.loop.sync_every=40"],
+    "grpo_obo": ["--config.trainer.loss=grpo", "--config.loop.sync_every=2",  # experiments/plan.py's shape
                  "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
                  "--config.loop.sampler_delay_windows=1"],
     "tunix_grpo": None,
@@ -140,7 +140,16 @@ def cpu_seconds() -> tuple[float, float]:
   return busy, child.ru_utime + child.ru_stime
 
 
-def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env: dict | None = None) -> dict:
+def loop_args(side: str, steps: int) -> list[str]:
+  """Our side's overrides for a run of `steps` trainer steps: its windows (num_syncs) from its lag."""
+  lag = next((int(a.split("=")[1]) for a in SIDES[side] if a.startswith("--config.loop.sync_every=")), 10)
+  if steps % lag:
+    raise SystemExit(f"--steps {steps} is not a whole number of {side}'s windows of {lag} steps")
+  return [*SIDES[side], f"--config.loop.num_syncs={steps // lag}"]
+
+
+def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env: dict | None = None,
+        steps: int = STEPS) -> dict:
   """One run (skipped when its result.json exists); returns loop_curves.Result fields as a dict."""
   where = run_dir(workdir, side, lr, seed)
   result_path = os.path.join(where, "result.json")
@@ -152,12 +161,12 @@ def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env
   print(f"[loop_bench] {side} lr {lr:g} seed {seed} ...", flush=True)
   if SIDES[side] is None:
     cmd = [tunix_python(), "-m", "benchmarks.loop_tunix_worker", "--checkpoint", warm, "--data", data,
-           "--lr", str(lr), "--seed", str(seed), "--steps", str(STEPS), "--eval_every", str(EVAL_EVERY),
+           "--lr", str(lr), "--seed", str(seed), "--steps", str(steps), "--eval_every", str(EVAL_EVERY),
            "--out", os.path.join(where, "tunix.json")]
   else:
     cmd = [sys.executable, "-m", "oapl_jax.main", "--config", CONFIG, "--workdir", os.path.join(where, "run"),
            f"--config.model.checkpoint={warm}", f"--config.seed={seed}", f"--config.trainer.optim.lr={lr}",
-           *COMMON, *SIDES[side]]
+           *COMMON, *loop_args(side, steps)]
   before, start = cpu_seconds(), time.perf_counter()
   with open(os.path.join(where, "log.txt"), "w") as log:
     env = {**worker_env(), **SIDE_ENV.get(side, {}), **(env or {})}
@@ -222,6 +231,8 @@ def main(argv=None):
   ap.add_argument("--lrs", type=float, nargs="*", default=list(LRS), help="tune: these of LRS only")
   ap.add_argument("--workdir", default=WORKDIR)
   ap.add_argument("--out", default=os.path.join(WORKDIR, "report"))
+  ap.add_argument("--steps", type=int, default=STEPS, help="trainer steps a run (every side; give each count its "
+                  "own --workdir)")
   ap.add_argument("--compile_cache", help="JAX's persistent compilation cache for every run (both sides): a second "
                   "run in the same cache starts without compiling; use its own --workdir")
   args = ap.parse_args(argv)
@@ -231,19 +242,19 @@ def main(argv=None):
   if args.stage == "report":
     return print(report(args.workdir, args.out))
   warm, data = prepare(args.workdir)
-  if any(SIDES[side] is None for side in args.sides) and args.stage != "report":
+  if any(SIDES[side] is None for side in args.sides):
     same_model(args.workdir, warm, data)
   env = {"JAX_COMPILATION_CACHE_DIR": os.path.abspath(args.compile_cache)} if args.compile_cache else {}
   for side in args.sides:
     if args.stage == "tune":
       for lr in args.lrs:
-        r = run(args.workdir, side, lr, 0, warm, data, env)
+        r = run(args.workdir, side, lr, 0, warm, data, env, args.steps)
         print(f"[loop_bench] {side} lr {lr:g}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
               f"load {os.getloadavg()}", flush=True)
     else:
       lr = picked_lr(args.workdir, side)
       for seed in (1, 2) if lr is not None else ():
-        r = run(args.workdir, side, lr, seed, warm, data, env)
+        r = run(args.workdir, side, lr, seed, warm, data, env, args.steps)
         print(f"[loop_bench] {side} lr {lr:g} seed {seed}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
               f"load {os.getloadavg()}", flush=True)
 
