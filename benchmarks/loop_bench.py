@@ -57,8 +57,8 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
     "tunix_grpo_fast_start": None,
     # the demo without the prefill cap (before 2026-11-29's sampler.max_prefill_batch: a prefill per fill's prompts)
     "oapl_L10_uncapped": ["--config.sampler.max_prefill_batch=0"],
-    # the demo's vocabulary projection in 512-token chunks with 3 tail levels (before 2026-11-29's one chunk)
-    "oapl_L10_chunked": ["--config.model.logprob_chunk_tokens=512", "--config.model.logprob_tail_levels=3"],
+    # the demo's vocabulary projection in 512-token chunks (before 2026-11-29's one chunk)
+    "oapl_L10_chunked": ["--config.model.logprob_chunk_tokens=512"],
 }
 SIDE_ENV = {"tunix_grpo_fast_start": {"XLA_FLAGS": " ".join(f"--{name}={str(value).lower()}" for name, value
                                                             in parallel.CPU_COMPILE["fast_start"].items())}}
