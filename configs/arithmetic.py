@@ -52,7 +52,7 @@ def get_config(arg: str = "") -> ConfigDict:
   parts = set(arg.split(",")) - {""}
   if parts - {"grpo", "smoke", "sweep", "rope1e6"}:
     raise ValueError(f"unknown variant {arg!r}; known: '' (OAPL), 'grpo', 'smoke', 'sweep', 'rope1e6' (combinable)")
-  if "rope1e6" in parts:  # Qwen3's rope_theta: Tunix 0.1.7's Qwen3 applies 1e6 whatever the checkpoint says (loop_bench)
+  if "rope1e6" in parts:  # Qwen3's rope_theta, which Tunix 0.1.7's Qwen3 applies whatever a checkpoint says
     c.model.overrides["rope_theta"] = 1_000_000.0
   if "grpo" in parts:  # the paper's baseline on the same task: token-level IS, clip 0.2, TIS cap 2
     c.trainer.loss = "grpo"
