@@ -221,7 +221,7 @@ def evaluate_claims(study: plan.Study, runs: dict[str, dict[int, RunResult]], pr
     if arm not in arms or c.comparator not in arms:  # a claim-1 study has no L = 100 arm: claim 3 is not in it
       continue
     if c.candidates:  # the best candidate by mean; its p then carries the choice (x the number of candidates)
-      scored = {a: _one(c, a, runs) for a in c.candidates if a in arms}
+      scored = {a: _one(c, a, runs) for a in c.candidates}  # claims() kept only the study's arms
       scored = {a: sd for a, sd in scored.items() if sd[1]}
       if scored:
         arm = max(scored, key=lambda a: (np.mean(scored[a][1]), -c.candidates.index(a)))
