@@ -7,9 +7,10 @@ off-by-one) against Tunix 0.1.7's GRPO learner, on the demo's task from one warm
     ... --workdir runs/loop_bench_cache --compile_cache runs/loop_bench_cache/jax_cache   # warm start-up: seed 0
         fills JAX's persistent cache (both sides), seeds 1 and 2 start from it
 
-The warm start is the demo's (configs/arithmetic.py:rope1e6, the demo at Qwen3's rope_theta, the one Tunix's Qwen3
-applies; made once by apps/sweep_warmstart into WORKDIR/warmstart,
-with the character tokenizer written beside it as tokenizer.json); each library loads it with its own loader.
+The warm start is the demo's (--config, default configs/arithmetic.py; made once by apps/sweep_warmstart into
+WORKDIR/warmstart, with the character tokenizer written beside it as tokenizer.json); each library loads it with its
+own loader, Tunix's given the checkpoint's rope_theta (tunix_worker.honour_rope_theta: 0.1.7's Qwen3 drops it), and
+before any run the two libraries' logits on it are compared (same_model).
 Every side: the demo's 2-digit addition, exact-match reward, 16 prompts x G = 8 per trainer step, 120 steps (--steps),
 AdamW (b1 0.9, b2 0.95, clip 1.0), the same 256 held-out prompts, 4 samples each at temperature 0.6, top-p 0.95,
 evaluated every 10 trainer steps with the trainer's current params (ours: eval.every_steps; Tunix: before the
@@ -34,9 +35,7 @@ from benchmarks.tunix_bench import ROOT, tunix_python, worker_env
 from oapl_jax import parallel
 
 WORKDIR = os.path.join(ROOT, "runs", "loop_bench")
-# the demo at Qwen3's rope_theta (1e6): Tunix 0.1.7's Qwen3 attention calls apply_rope without the config's theta,
-# so at the tiny preset's 1e4 it would run another model than the checkpoint (logits 1.5 apart by position 6)
-CONFIG = os.path.join(ROOT, "configs", "arithmetic.py") + ":rope1e6"
+CONFIG = os.path.join(ROOT, "configs", "arithmetic.py")  # the demo's; ":rope1e6" for its model at Qwen3's theta
 LRS = (3e-5, 1e-4, 3e-4)
 STEPS, EVAL_EVERY = 120, 10
 COMMON = [f"--config.warmstart.steps=0", f"--config.eval.every_steps={EVAL_EVERY}",
@@ -64,14 +63,14 @@ SIDE_ENV = {"tunix_grpo_fast_start": {"XLA_FLAGS": " ".join(f"--{name}={str(valu
                                                             in parallel.CPU_COMPILE["fast_start"].items())}}
 
 
-def prepare(workdir: str) -> tuple[str, str]:
+def prepare(workdir: str, config: str = CONFIG) -> tuple[str, str]:
   """(the warm start's HF directory with tokenizer.json, data.json for the Tunix worker), made once."""
   from oapl_jax.run import shared_warmstart
-  shared_warmstart.ensure(CONFIG, workdir, [])
+  shared_warmstart.ensure(config, workdir, [])
   warm, data = shared_warmstart.directory(workdir), os.path.join(workdir, "data.json")
   if not os.path.exists(data):
     from oapl_jax.run import assemble, export, files, schema
-    rc = schema.from_config(files.load(CONFIG, []))
+    rc = schema.from_config(files.load(config, []))
     task = assemble.build_task(rc)
     export.write_char_tokenizer(task.tokenizer, warm, rc.model.overrides["max_position_embeddings"])
     held = task.eval_sets["held_out"][:rc.eval.num_prompts]
@@ -119,7 +118,7 @@ def same_model(workdir: str, warm: str, data: str) -> float:
     diff = json.load(f)["max_abs_logit_diff"]
   if diff > SAME_MODEL_TOLERANCE:
     raise SystemExit(f"the two libraries do not run one model on {warm}: logits up to {diff:.3g} apart ({path}); "
-                     "Tunix 0.1.7's Qwen3 applies rope_theta 1e6 whatever the checkpoint says")
+                     "check tunix_worker.tunix_model's reading of the checkpoint's config.json")
   print(f"[loop_bench] one model: ours and Tunix's logits agree to {diff:.2g} on the warm start", flush=True)
   return diff
 
@@ -149,7 +148,7 @@ def loop_args(side: str, steps: int) -> list[str]:
 
 
 def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env: dict | None = None,
-        steps: int = STEPS) -> dict:
+        steps: int = STEPS, config: str = CONFIG) -> dict:
   """One run (skipped when its result.json exists); returns loop_curves.Result fields as a dict."""
   where = run_dir(workdir, side, lr, seed)
   result_path = os.path.join(where, "result.json")
@@ -164,7 +163,7 @@ def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env
            "--lr", str(lr), "--seed", str(seed), "--steps", str(steps), "--eval_every", str(EVAL_EVERY),
            "--out", os.path.join(where, "tunix.json")]
   else:
-    cmd = [sys.executable, "-m", "oapl_jax.main", "--config", CONFIG, "--workdir", os.path.join(where, "run"),
+    cmd = [sys.executable, "-m", "oapl_jax.main", "--config", config, "--workdir", os.path.join(where, "run"),
            f"--config.model.checkpoint={warm}", f"--config.seed={seed}", f"--config.trainer.optim.lr={lr}",
            *COMMON, *loop_args(side, steps)]
   before, start = cpu_seconds(), time.perf_counter()
@@ -230,6 +229,8 @@ def main(argv=None):
   ap.add_argument("--sides", nargs="*", default=list(SIDES), choices=list(SIDES))
   ap.add_argument("--lrs", type=float, nargs="*", default=list(LRS), help="tune: these of LRS only")
   ap.add_argument("--workdir", default=WORKDIR)
+  ap.add_argument("--config", default=CONFIG, help="our side's config and the warm start's (give each its own "
+                  "--workdir)")
   ap.add_argument("--out", default=os.path.join(WORKDIR, "report"))
   ap.add_argument("--steps", type=int, default=STEPS, help="trainer steps a run (every side; give each count its "
                   "own --workdir)")
@@ -241,20 +242,20 @@ def main(argv=None):
         flush=True)
   if args.stage == "report":
     return print(report(args.workdir, args.out))
-  warm, data = prepare(args.workdir)
+  warm, data = prepare(args.workdir, args.config)
   if any(SIDES[side] is None for side in args.sides):
     same_model(args.workdir, warm, data)
   env = {"JAX_COMPILATION_CACHE_DIR": os.path.abspath(args.compile_cache)} if args.compile_cache else {}
   for side in args.sides:
     if args.stage == "tune":
       for lr in args.lrs:
-        r = run(args.workdir, side, lr, 0, warm, data, env, args.steps)
+        r = run(args.workdir, side, lr, 0, warm, data, env, args.steps, args.config)
         print(f"[loop_bench] {side} lr {lr:g}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
               f"load {os.getloadavg()}", flush=True)
     else:
       lr = picked_lr(args.workdir, side)
       for seed in (1, 2) if lr is not None else ():
-        r = run(args.workdir, side, lr, seed, warm, data, env, args.steps)
+        r = run(args.workdir, side, lr, seed, warm, data, env, args.steps, args.config)
         print(f"[loop_bench] {side} lr {lr:g} seed {seed}: final pass@1 {r['curve'][-1]['pass@1']:.3f}, "
               f"load {os.getloadavg()}", flush=True)
 

@@ -11,6 +11,7 @@ Top-level imports are numpy and oapl_jax.host_memory (ctypes only), so the Tunix
 without our package's dependencies; --data is an .npz made by tunix_bench.grpo_batch.
 """
 import argparse
+import functools
 import json
 import resource
 import sys
@@ -125,8 +126,19 @@ class IdsTokenizer:
     return 0
 
 
+def honour_rope_theta(qwen3_model, rope_theta):
+  """Tunix 0.1.7's Qwen3 attention calls `apply_rope(x, positions, head_dim=...)` without its config's rope_theta,
+  so it applies the function's default (1e6) whatever the checkpoint says. Pass the checkpoint's theta instead: the
+  one change made to Tunix's code here (the module global the attention looks up); a no-op at 1e6."""
+  original = getattr(qwen3_model.apply_rope, "tunix_original", qwen3_model.apply_rope)
+  patched = functools.partial(original, rope_theta=rope_theta)
+  patched.tunix_original = original
+  qwen3_model.apply_rope = patched
+
+
 def tunix_model(checkpoint, dtype="float32"):
-  """(Tunix Qwen3 loaded by its safetensors loader, its config, a 1x1 (fsdp, tp) mesh)."""
+  """(Tunix Qwen3 loaded by its safetensors loader, its config, a 1x1 (fsdp, tp) mesh), at the checkpoint's
+  rope_theta (`honour_rope_theta`)."""
   import jax
   import jax.numpy as jnp
   from tunix.models.qwen3 import model as qwen3_model
@@ -134,6 +146,7 @@ def tunix_model(checkpoint, dtype="float32"):
   with open(f"{checkpoint}/config.json") as f:
     hf = json.load(f)
   rope = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta")
+  honour_rope_theta(qwen3_model, float(rope))
   config = qwen3_model.ModelConfig(
       num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
       hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=hf["head_dim"],

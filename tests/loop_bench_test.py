@@ -85,3 +85,20 @@ def test_the_benchmark_refuses_two_libraries_that_do_not_run_one_model(tmp_path,
     else:
       assert loop_bench.same_model(str(workdir), str(warm), str(data)) < 1e-6
     assert json.loads((workdir / "same_model.json").read_text())["tokens"] == tokens
+
+
+def test_tunix_is_given_the_checkpoints_rope_theta_once_however_often_a_model_is_loaded():
+  """tunix_worker.honour_rope_theta replaces the module global Tunix's Qwen3 attention calls (0.1.7 calls it without
+  the config's theta) by one bound to the checkpoint's theta; loading a second checkpoint rebinds, never stacks."""
+  import types
+  from benchmarks import tunix_worker
+
+  def apply_rope(inputs, positions, head_dim, rope_theta=1_000_000):  # Tunix 0.1.7's signature and default
+    return rope_theta
+
+  module = types.SimpleNamespace(apply_rope=apply_rope)
+  assert module.apply_rope(None, None, head_dim=4) == 1_000_000
+  tunix_worker.honour_rope_theta(module, 10_000.0)
+  assert module.apply_rope(None, None, head_dim=4) == 10_000.0
+  tunix_worker.honour_rope_theta(module, 500.0)
+  assert module.apply_rope(None, None, head_dim=4) == 500.0 and module.apply_rope.tunix_original is apply_rope
