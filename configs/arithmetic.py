@@ -4,7 +4,7 @@
   python -m oapl_jax.main --config configs/arithmetic.py:smoke --workdir /tmp/smoke
   python -m oapl_jax.main --config configs/arithmetic.py:grpo --workdir runs/grpo   # the GRPO baseline
   python -m oapl_jax.apps.sweep --config configs/arithmetic.py:sweep --workdir runs/sweep --parallel 2  # get_hyper
-  python -m oapl_jax.main --config configs/arithmetic.py:rope1e6 ...   # Qwen3's rope_theta (benchmarks/loop_bench.py)
+  python -m oapl_jax.main --config configs/arithmetic.py:rope1e6 ...   # the demo at Qwen3's rope_theta, 1e6
 
 The model is warm-started by a short supervised phase on an imperfect teacher: 70% of the
 demonstrations slip on the last digit. It learns addition, and the slip, so held-out pass@1 at
