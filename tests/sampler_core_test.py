@@ -187,6 +187,31 @@ def test_a_one_slot_sampler_decodes_in_more_rows_where_its_platform_asks_and_sam
     two_rows.slot_keys(4, [0, 1], [0, 1])
 
 
+def test_a_tied_table_is_kept_transposed_for_the_logits_where_the_platform_asks_and_samples_alike(tmp_path,
+                                                                                                 monkeypatch):
+  """TRANSPOSED_TABLE_AT (float32 on CPU): a tied model's snapshot keeps the table's [E, V] transpose beside it for
+  the logits, and samples and scores as from the table itself; the trainer's forward is the log-probs' reference.
+  A bfloat16 sampler keeps no copy."""
+  make_hf_checkpoint(tmp_path, "qwen3", tie=True, seed=3)
+  config, params = hf.load(str(tmp_path))
+  assert config.tie_word_embeddings
+  run = lambda s: _generate(s, s.params, PROMPTS, 2, max_new_tokens=6, seed=5)  # noqa: E731
+  transposed = _sampler(config, params)
+  assert decoder.TRANSPOSED_TABLE not in _sampler(config.replace(param_dtype="bfloat16", dtype="bfloat16"),
+                                                  params).params
+  monkeypatch.setattr(core, "TRANSPOSED_TABLE_AT", set())
+  plain = _sampler(config, params)
+  assert decoder.TRANSPOSED_TABLE not in plain.params
+  np.testing.assert_array_equal(transposed.params[decoder.TRANSPOSED_TABLE], np.asarray(params["embed"]["embedding"]).T)
+  a, b = run(plain), run(transposed)
+  np.testing.assert_array_equal(a.response_tokens, b.response_tokens)
+  np.testing.assert_allclose(b.sampler_logp, a.sampler_logp, atol=1e-5)
+  np.testing.assert_allclose(b.sampler_logp, _trainer_logp(params, config, b, 1.0), atol=1e-4)
+  score = lambda s: s.score(s.params, PROMPTS[:2], [[3, 4, 5], [6]], 0.8)  # noqa: E731
+  for x, y in zip(score(plain), score(transposed)):
+    np.testing.assert_allclose(y, x, atol=1e-5)
+
+
 def _numpy_filtered_logp(logits_V, temperature, top_p, top_k):
   """Reference: temperature, then top-k, then top-p; renormalised log-probs (-inf outside)."""
   z = logits_V.astype(np.float64) / temperature

@@ -342,6 +342,18 @@ def unstack_layers(params):
   return {**params, "layers": tuple(jax.tree.map(lambda p, i=i: p[i], stacked) for i in range(num_layers))}
 
 
+TRANSPOSED_TABLE = "embed_transposed_ExV"  # the decode layout's [E, V] copy of a tied table (decode_transposed_table)
+
+
+def decode_layout(params, config: DecoderConfig):
+  """unstack_layers, and with config.decode_transposed_table a tied table's [E, V] transpose beside it (the
+  logits' operand; the lookups keep reading the [V, E] table)."""
+  out = unstack_layers(params)
+  if config.tie_word_embeddings and config.decode_transposed_table:
+    out[TRANSPOSED_TABLE] = params["embed"]["embedding"].T
+  return out
+
+
 def is_per_layer(params) -> bool:
   """Whether `params` are in the unstack_layers layout."""
   return isinstance(params, dict) and isinstance(params.get("layers"), tuple)
@@ -352,7 +364,19 @@ def unstacked_logical_axes(config: DecoderConfig):
   axes = param_logical_axes(config)
   one_layer = jax.tree.map(lambda spec: jax.sharding.PartitionSpec(*spec[1:]), axes["layers"],
                            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-  return {**axes, "layers": (one_layer,) * config.num_layers}
+  out = {**axes, "layers": (one_layer,) * config.num_layers}
+  if config.tie_word_embeddings and config.decode_transposed_table:
+    out[TRANSPOSED_TABLE] = jax.sharding.PartitionSpec("embed", "vocab")
+  return out
+
+
+def decode_logits(params, config: DecoderConfig, hidden_BxE):
+  """The vocabulary projection in the decode layout (through the [E, V] copy where decode_layout made one)."""
+  if TRANSPOSED_TABLE in params:
+    table_ExV = params[TRANSPOSED_TABLE]
+    hidden_BxE, table_ExV = hidden_BxE.astype(config.jnp_dtype), table_ExV.astype(config.jnp_dtype)
+    return projection_grad.low_precision_dot(hidden_BxE, table_ExV, (((hidden_BxE.ndim - 1,), (0,)), ((), ())))
+  return Decoder(config).apply({"params": params}, hidden_BxE, method=Decoder.logits)
 
 
 def forward_with_cache(params, config: DecoderConfig, tokens_BxT, positions_BxT, cache: Cache,

@@ -43,7 +43,9 @@ class DecoderLM:
                                   temperature=temperature, with_entropy=with_entropy, lora=lora,
                                   needed_BxT=needed_BxT)
 
-  decode_params = staticmethod(decoder.unstack_layers)
+  def decode_params(self, params):
+    return decoder.decode_layout(params, self.config)
+
   is_decode_layout = staticmethod(decoder.is_per_layer)
 
   def decode_logical_axes(self):
@@ -67,4 +69,4 @@ class DecoderLM:
     return decoder.forward_with_cache(params, self.config, tokens_BxT, positions_BxT, cache, constants)
 
   def logits(self, params, hidden_BxE):
-    return decoder.Decoder(self.config).apply({"params": params}, hidden_BxE, method=decoder.Decoder.logits)
+    return decoder.decode_logits(params, self.config, hidden_BxE)

@@ -155,6 +155,11 @@ def generate_fn(model: CausalLM, params, state: DecodeState):
 # The fewest rows a decode state has, by platform. On an H200 (JAX 0.11.2, Qwen3-0.6B in bf16, 28 layers) a
 # one-row step took 2.40 ms and a two-row step 1.50 ms (docs/benchmarks.md, GPU): one empty row more is faster.
 MIN_DECODE_ROWS = {"gpu": 2}
+# Where the decode layout keeps a tied table's [E, V] transpose for the logits (models/execution.py,
+# decode_transposed_table), by platform and compute dtype: XLA:CPU's float32 dot of the decode's hidden rows against
+# Qwen3-0.6B's [151,936, 1,024] table took 20.9 / 50.5 / 67.3 / 126.6 ms at 1 / 2 / 16 / 64 rows against 18.1 /
+# 23.3 / 43.6 / 121.2 ms on the [E, V] copy; in bfloat16 the copy was no faster (AMD EPYC host, 2026-11-30)
+TRANSPOSED_TABLE_AT = {("cpu", "float32")}
 
 
 def init_state_fn(model: CausalLM, num_slots, cache_len, max_new_tokens, max_len, knobs) -> DecodeState:
@@ -196,8 +201,11 @@ class Sampler(api.GroupSampler):
   def __init__(self, model: CausalLM, *, layout: Optional[Layout] = None, num_slots: int = 8,
                max_prefill_length: int = 256, max_new_tokens: int = 256, max_prefill_batch: int = 0,
                snapshot_version: int = 0):
-    self.model, self.config = model, model.config
     self.layout = layout or Layout.single_device()
+    if (getattr(model.config, "tie_word_embeddings", False)
+        and (self.layout.platform, model.config.dtype) in TRANSPOSED_TABLE_AT):
+      model = model.with_execution(decode_transposed_table=True)
+    self.model, self.config = model, model.config
     self.num_slots = int(num_slots)
     self.max_prefill_length = int(max_prefill_length)
     self.max_new_tokens = int(max_new_tokens)
