@@ -23,7 +23,7 @@ import jax
 from jax.profiler import ProfileData
 
 from benchmarks import decode_profile, random_models, train_bench
-from oapl_jax import objectives, parallel
+from oapl_jax import host_memory, objectives, parallel
 from oapl_jax.models import api, hf
 from oapl_jax.rl import batch_spec, trainer
 from oapl_jax.rl.optim import OptimConfig
@@ -124,6 +124,7 @@ def main(argv=None):
   ap.add_argument("--top", type=int, default=25)
   ap.add_argument("--hlo_out", help="write the compiled step's HLO text here (to read the fusions)")
   args = ap.parse_args(argv)
+  host_memory.keep_freed_memory()  # as train_bench's side and the CPU entry points: no fresh pages a step
 
   step, state, batch, model_config = build_step(args.width, args.layers, args.batch, args.group, args.seq_len,
                                                 args.keep_logits)
@@ -133,7 +134,7 @@ def main(argv=None):
   from benchmarks import ceiling  # local: its import is slow and the test does not need it
   print(f"cpu: {ceiling.cpu_description()}")
   print(f"{args.width} Qwen3, {model_config.num_layers} layers, vocab {model_config.vocab_size}; "
-        f"{args.batch} x {args.group} x {args.seq_len}, {'kept logits' if args.keep_logits else 'logits recomputed'}"
+        f"{args.batch} x {args.group} x {args.seq_len}, {'kept logits' if args.keep_logits else 'logits kept when they fit (the default)'}"
         f"; {args.steps} step(s) traced: {wall_s:.2f} s a step (wall, profiler on), {all_s:.2f} thread-s a step")
   print(f"{'thread s/step':>13} {'share':>6} {'fusions':>7}  op")
   for op, ns in by_op.most_common(args.top):
