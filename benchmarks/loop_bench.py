@@ -48,6 +48,9 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
                  "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
                  "--config.loop.sampler_delay_windows=1"],
     "tunix_grpo": None,
+    # our GRPO on policy, in Tunix's regime: a fresh rollout of each step's 16 prompts from the current params
+    "grpo_sync": ["--config.trainer.loss=grpo", "--config.loop.sync_every=1", "--config.loop.steps_per_rollout=1",
+                  "--config.loop.prompts_per_rollout=16"],
     # our programs at XLA's defaults (before 2026-11-29, the demo's), or each one compiled for a short start
     # (mesh.cpu_compile='fast_start': fusion emitters off, LLVM at -O1); Tunix under the same XLA options (as
     # XLA_FLAGS: it has no per-program setting)
