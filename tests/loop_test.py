@@ -144,6 +144,32 @@ def test_resume_gives_the_same_metrics(tmp_path, make_config, L, backend):
   assert len(logged) == len(set(logged))
 
 
+def test_grpo_trained_on_arrival_skips_the_old_policy_scorer_and_learns_alike(tmp_path, monkeypatch):
+  """One chunk of one batch a step (steps_per_rollout 1, prompts_per_rollout = batch_prompts): each group is trained
+  once, by the step that first sees it, so pi_old is that step's params and the loss's stop_gradient(pi) replaces
+  the scorer's forward. Forcing the scorer gives the same losses and gradients to float noise; two steps a chunk
+  keep it."""
+  from oapl_jax.rl import schedule, windows
+  def run(workdir, **loop_overrides):
+    config = fast_config(num_syncs=2, **loop_overrides)
+    config.sampler.backend = "scripted"
+    config.trainer.loss = "grpo"
+    online = assemble.setup(config, str(tmp_path / workdir))
+    scorers = [h for h in online.hooks if isinstance(h, windows.OldPolicyScorer)]
+    loop.train(online)
+    return len(scorers), {h["step"]: (h["train/loss"], h["train/grad_norm"]) for h in _history(tmp_path / workdir)
+                          if "train/loss" in h}
+  scorers, skipped = run("on_arrival")
+  assert scorers == 0 and len(skipped) == 4
+  monkeypatch.setattr(schedule.LoopConfig, "trains_each_group_on_arrival", property(lambda self: False))
+  scorers, scored = run("scored")
+  assert scorers == 1 and sorted(scored) == sorted(skipped)
+  np.testing.assert_allclose([scored[s] for s in sorted(scored)], [skipped[s] for s in sorted(skipped)], rtol=1e-4,
+                             atol=1e-6)
+  monkeypatch.undo()
+  assert run("twice", steps_per_rollout=2, prompts_per_rollout=8)[0] == 1
+
+
 def test_nan_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path):
   config = fast_config(num_syncs=1)
   config.warmstart.steps = 0

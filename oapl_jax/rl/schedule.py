@@ -59,6 +59,12 @@ class LoopConfig:
   def total_steps(self) -> int:
     return self.num_syncs * self.sync_every
 
+  @property
+  def trains_each_group_on_arrival(self) -> bool:
+    """Every group is trained by exactly one step, the first that sees its chunk (a new chunk every step, of one
+    batch's prompts; the buffer draws least-used first): pi_old of a ratio is then that step's own params."""
+    return self.steps_per_rollout == 1 and self.prompts_per_rollout == self.batch_prompts
+
   def schedule(self) -> "WindowSchedule":
     return WindowSchedule(self.sync_every, self.steps_per_rollout, self.prompts_per_rollout)
 

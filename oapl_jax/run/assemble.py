@@ -320,14 +320,18 @@ def loss_fn(rc: RunConfig) -> objectives.BoundLoss:
 def online(rc: RunConfig, parts: RunParts) -> loop.Online:
   """The online driver (Algorithm 1, rl/loop.py): the parts, the buffer and train step, the window policy
   the loop section asks for (fixed L, delayed by one window, adaptive on drift) and the step hooks (the
-  policy probe when eval.every_steps > 0, the old-policy scorer when the loss reads pi_old)."""
+  policy probe when eval.every_steps > 0, the old-policy scorer when the loss reads pi_old and a group can be
+  trained after its params moved)."""
   train_cfg, layout, schedule = train_config(rc), parts.placement.trainer, rc.loop.schedule()
   buffer = RolloutBuffer(seq_len(rc, longest_prompt(parts.task)))
   batch_sharding = trainer.batch_sharding(layout, rc.loop.batch_prompts)
   hooks: list[windows.StepHook] = []
   if parts.policy_eval is not None:
     hooks.append(windows.PolicyProbe(parts.policy_eval, parts.reporter, parts.policy_params))
-  score = old_policy_scorer(train_cfg, parts.model, layout, rc.loop.prompts_per_rollout)
+  # a group trained once, on arrival, has pi_old = the step's params: the loss takes stop_gradient(pi) (ratio 1
+  # exactly, as TRL and Tunix do at one iteration) and no forward of the scorer runs
+  score = (None if rc.loop.trains_each_group_on_arrival
+           else old_policy_scorer(train_cfg, parts.model, layout, rc.loop.prompts_per_rollout))
   if score is not None:
     hooks.append(windows.OldPolicyScorer(score, buffer, schedule, parts.policy_params))
   return loop.Online(**_shared(parts), settings=loop_settings(rc), schedule=schedule,
