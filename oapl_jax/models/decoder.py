@@ -370,6 +370,7 @@ def unstacked_logical_axes(config: DecoderConfig):
   return out
 
 
+@jax.named_scope("decode_logits")  # a profile's name for the projection, through either table
 def decode_logits(params, config: DecoderConfig, hidden_BxE):
   """The vocabulary projection in the decode layout (through the [E, V] copy where decode_layout made one)."""
   if TRANSPOSED_TABLE in params:
