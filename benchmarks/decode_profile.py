@@ -22,6 +22,7 @@ from jax.profiler import ProfileData
 
 from benchmarks import random_models
 from oapl_jax.models import api, hf
+from oapl_jax.run import compile_check
 from oapl_jax.sampler import core
 from oapl_jax.sampler.settings import SamplingSettings
 
@@ -83,7 +84,8 @@ def main(argv=None):
                          sampler.sample_keys(0, range(S), [0] * S))
   steps = np.int32(args.steps)
   with sampler.layout.context():
-    compiled = sampler._decode.lower(sampler.params, state, steps).compile()
+    with compile_check.without_persistent_cache():  # the op names read below are the current source's
+      compiled = sampler._decode.lower(sampler.params, state, steps).compile()
   hlo_text = compiled.as_text()
   labels = op_labels(hlo_text)
   state = jax.block_until_ready(compiled(sampler.params, state, steps))  # warm-up

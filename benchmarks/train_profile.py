@@ -27,6 +27,7 @@ from oapl_jax import host_memory, objectives, parallel
 from oapl_jax.models import api, hf
 from oapl_jax.rl import batch_spec, trainer
 from oapl_jax.rl.optim import OptimConfig
+from oapl_jax.run import compile_check
 
 _COPIES = {"transpose", "copy", "dynamic_slice", "dynamic_update_slice", "concatenate", "gather", "scatter", "pad",
            "slice", "broadcast_in_dim", "reshape", "bitcast", "broadcast"}
@@ -81,7 +82,8 @@ def build_step(width, layers, B, G, T, keep_logits, temperature=1.0):
 def profile_step(step, state, batch, steps, hlo_out=None):
   """(thread ns per instruction over `steps` steps, instruction -> label, wall seconds per step, the new state)."""
   rng = jax.random.PRNGKey(0)
-  compiled = step.lower(state, batch, rng).compile()
+  with compile_check.without_persistent_cache():  # the op names read below are the current source's
+    compiled = step.lower(state, batch, rng).compile()
   hlo_text = compiled.as_text()
   if hlo_out:
     with open(hlo_out, "w") as f:

@@ -160,9 +160,10 @@ def required_bytes_from_error(message: str) -> Optional[int]:
 
 
 @contextlib.contextmanager
-def _without_persistent_cache():
+def without_persistent_cache():
   """JAX's persistent compilation cache off for one compile: an ahead-of-time program for a TPU topology (no client
-  here) cannot be read back from it (every hit warns and recompiles), and a measurement is not a result to keep."""
+  here) cannot be read back from it (every hit warns and recompiles), a measurement is not a result to keep, and a
+  profile reads op names a cached program keeps from the source that first compiled it."""
   before = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   try:
@@ -180,7 +181,7 @@ def compile_memory(build, context=None, compiler_options: Optional[dict] = None)
     with context or contextlib.nullcontext():
       jitted, args = build()
       lowered = jitted.lower(*args)
-    with _without_persistent_cache():
+    with without_persistent_cache():
       compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # noqa: BLE001
     message = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]
