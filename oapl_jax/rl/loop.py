@@ -195,7 +195,7 @@ def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _base_key(seed: int) -> jax.Array:
-  """The run's key, made once (an eager PRNGKey is ~2 ms: every step's cost at L = 1)."""
+  """The run's key, made once a run rather than once a window (at L = 1, every step)."""
   return jax.random.PRNGKey(seed)
 
 
