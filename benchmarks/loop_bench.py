@@ -45,7 +45,8 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
     "oapl_L4": ["--config.loop.sync_every=4"],
     "oapl_L40": ["--config.loop.sync_every=40"],
     # OAPL at its smallest lag, in Tunix's regime: a fresh rollout of each step's 16 prompts, trained once
-    "oapl_L1": ["--config.loop.sync_every=1", "--config.loop.steps_per_rollout=1", "--config.loop.prompts_per_rollout=16"],
+    "oapl_L1": ["--config.loop.sync_every=1", "--config.loop.steps_per_rollout=1",
+                "--config.loop.prompts_per_rollout=16"],
     "grpo_obo": ["--config.trainer.loss=grpo", "--config.loop.sync_every=2",  # experiments/plan.py's shape
                  "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
                  "--config.loop.sampler_delay_windows=1"],

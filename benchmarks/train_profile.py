@@ -135,8 +135,9 @@ def main(argv=None):
   all_s = sum(totals.values()) / 1e9 / args.steps
   from benchmarks import ceiling  # local: its import is slow and the test does not need it
   print(f"cpu: {ceiling.cpu_description()}")
+  logits = "kept logits" if args.keep_logits else "logits kept when they fit (the default)"
   print(f"{args.width} Qwen3, {model_config.num_layers} layers, vocab {model_config.vocab_size}; "
-        f"{args.batch} x {args.group} x {args.seq_len}, {'kept logits' if args.keep_logits else 'logits kept when they fit (the default)'}"
+        f"{args.batch} x {args.group} x {args.seq_len}, {logits}"
         f"; {args.steps} step(s) traced: {wall_s:.2f} s a step (wall, profiler on), {all_s:.2f} thread-s a step")
   print(f"{'thread s/step':>13} {'share':>6} {'fusions':>7}  op")
   for op, ns in by_op.most_common(args.top):
