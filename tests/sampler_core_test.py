@@ -196,13 +196,16 @@ def test_a_tied_table_is_kept_transposed_for_the_logits_where_the_platform_asks_
   config, params = hf.load(str(tmp_path))
   assert config.tie_word_embeddings
   run = lambda s: _generate(s, s.params, PROMPTS, 2, max_new_tokens=6, seed=5)  # noqa: E731
-  transposed = _sampler(config, params)
+  tensor_parallel = parallel.Layout(parallel.make_mesh((1, 1, 2), devices=jax.devices()[6:]))
+  transposed = _sampler(config, params, layout=tensor_parallel)  # the copy sharded as the table is, over V
   assert decoder.TRANSPOSED_TABLE not in _sampler(config.replace(param_dtype="bfloat16", dtype="bfloat16"),
                                                   params).params
   monkeypatch.setattr(core, "TRANSPOSED_TABLE_AT", set())
   plain = _sampler(config, params)
   assert decoder.TRANSPOSED_TABLE not in plain.params
-  np.testing.assert_array_equal(transposed.params[decoder.TRANSPOSED_TABLE], np.asarray(params["embed"]["embedding"]).T)
+  copy = transposed.params[decoder.TRANSPOSED_TABLE]
+  np.testing.assert_array_equal(copy, np.asarray(params["embed"]["embedding"]).T)
+  assert tuple(copy.sharding.spec) == tuple(transposed.params["embed"]["embedding"].sharding.spec)[::-1]
   a, b = run(plain), run(transposed)
   np.testing.assert_array_equal(a.response_tokens, b.response_tokens)
   np.testing.assert_allclose(b.sampler_logp, a.sampler_logp, atol=1e-5)
