@@ -50,7 +50,7 @@ def _append_whole_line(path: str, line: str) -> None:
 
 
 class _NoEvents:
-  """Stands in for clu's writers where they cannot import: metrics.jsonl is still written."""
+  """Stands in for the events writers where neither can import: metrics.jsonl is still written."""
 
   def write_scalars(self, step, scalars):
     pass
@@ -91,16 +91,56 @@ def native_banners_dropped():
       sys.stderr.flush()
 
 
+class _TensorBoardEvents:
+  """Scalars and texts as TensorBoard events through the tensorboard package's own event writer, pure Python: the
+  writer where clu's cannot import (they import tensorflow, which a GPU image may lack)."""
+
+  def __init__(self, workdir: str):
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=import-outside-toplevel
+    self._writer = EventFileWriter(workdir)
+
+  def _add(self, step, values):
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=import-outside-toplevel
+    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                           summary=summary_pb2.Summary(value=values)))
+
+  def write_scalars(self, step, scalars):
+    from tensorboard.compat.proto import summary_pb2  # pylint: disable=import-outside-toplevel
+    self._add(step, [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()])
+
+  def write_texts(self, step, texts):
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2, types_pb2  # pylint: disable=import-outside-toplevel
+    from tensorboard.plugins.text import metadata  # pylint: disable=import-outside-toplevel
+    self._add(step, [summary_pb2.Summary.Value(tag=k, metadata=metadata.create_summary_metadata(k, ""),
+                                               tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING,
+                                                                             string_val=[v.encode()]))
+                     for k, v in texts.items()])
+
+  def flush(self):
+    self._writer.flush()
+
+  def close(self):
+    self._writer.close()
+
+
 def _events_writer(workdir: Optional[str]):
   """clu's TensorBoard writer for `workdir` (None: one that writes nothing). clu's metric_writers
-  import tensorflow (its banner dropped); on a host without it (a GPU image, say) the run goes on with
-  metrics.jsonl only."""
+  import tensorflow (its banner dropped); on a host without it (a GPU image, say) the tensorboard package's own
+  writer takes the events, and without that too the run goes on with metrics.jsonl only."""
   try:
     with native_banners_dropped():
       from clu import metric_writers
   except ImportError as err:
-    logging.warning("no TensorBoard events (clu's writers failed to import: %s); metrics.jsonl is written", err)
-    return _NoEvents()
+    if not workdir:
+      return _NoEvents()
+    try:
+      writer = _TensorBoardEvents(workdir)
+    except ImportError as second:
+      logging.warning("no TensorBoard events (clu's writers failed to import: %s; tensorboard's: %s); "
+                      "metrics.jsonl is written", err, second)
+      return _NoEvents()
+    logging.warning("clu's writers failed to import (%s): TensorBoard events through tensorboard's own writer", err)
+    return writer
   return metric_writers.SummaryWriter(workdir) if workdir else metric_writers.MultiWriter([])
 
 

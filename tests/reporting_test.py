@@ -16,9 +16,33 @@ from oapl_jax.apps import cli
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_without_clus_writers_the_history_is_still_written(tmp_path, monkeypatch, caplog):
+def _without_clus_writers(monkeypatch):
   monkeypatch.setitem(sys.modules, "clu.metric_writers", None)  # `import` of it now raises ImportError
   monkeypatch.delattr(clu, "metric_writers", raising=False)
+
+
+def test_without_clus_writers_tensorboards_own_writes_the_events(tmp_path, monkeypatch, caplog):
+  """A GPU image without tensorflow: clu's writers cannot import, the tensorboard package's writer takes the scalars
+  and texts, read back here by TensorBoard's own loader."""
+  from tensorboard.backend.event_processing import event_accumulator
+  _without_clus_writers(monkeypatch)
+  with caplog.at_level(logging.WARNING):
+    reporter = reporting.Reporter(str(tmp_path), total_steps=2)
+    reporter.scalars(1, {"loss": 0.5})
+    reporter.scalars(2, {"loss": 0.25})
+    reporter.texts(2, {"generations": "| a |\n|---|\n| 1 |"})
+    paths = reporter.finish({"trainer_steps": 2})
+    reporter.close()
+  assert paths["tensorboard"] == str(tmp_path) and "through tensorboard's own writer" in caplog.text
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 0.5), (2, 0.25)]
+  assert events.Tensors("generations")[0].tensor_proto.string_val == [b"| a |\n|---|\n| 1 |"]
+
+
+def test_without_any_events_writer_the_history_is_still_written(tmp_path, monkeypatch, caplog):
+  _without_clus_writers(monkeypatch)
+  monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
   with caplog.at_level(logging.WARNING):
     reporter = reporting.Reporter(str(tmp_path), total_steps=2)
     reporter.scalars(1, {"loss": 0.5})
@@ -99,6 +123,7 @@ def test_a_resume_that_cannot_rewrite_the_metrics_file_names_it(tmp_path):
 CUT_SHORT = """
 import json, resource, sys
 sys.modules["clu.metric_writers"] = None  # no TensorBoard events: metrics.jsonl is the only file that grows
+sys.modules["tensorboard.summary.writer.event_file_writer"] = None
 from oapl_jax import reporting
 reporter = reporting.Reporter(sys.argv[1], total_steps=1000)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # a full disk at 1000 bytes, mid-line
