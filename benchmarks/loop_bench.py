@@ -1,5 +1,5 @@
-"""The whole loop side by side: wall time to held-out pass@1 0.8 and 0.9, ours (OAPL at three lags, GRPO
-off-by-one) against Tunix 0.1.7's GRPO learner, on the demo's task from one warm start.
+"""The whole loop side by side: wall time to held-out pass@1 0.8 and 0.9, ours (OAPL at lags 1, 4, 10 and 40, GRPO
+off-by-one and on policy) against Tunix 0.1.7's GRPO learner, on the demo's task from one warm start.
 
     taskset -c 1 .venv/bin/python -m benchmarks.loop_bench --stage tune      # each side at 3 lrs, seed 0
     taskset -c 1 .venv/bin/python -m benchmarks.loop_bench --stage seeds     # seeds 1, 2 at each side's picked lr
