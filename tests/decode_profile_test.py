@@ -39,5 +39,5 @@ def test_the_projection_leads_the_profile_of_a_wide_vocabulary(capsys, monkeypat
                        "--steps", "2", "--top", "3"])
   lines = capsys.readouterr().out.splitlines()
   header = next(i for i, line in enumerate(lines) if line.strip().startswith("thread ms/step"))
-  assert "decode_logits" in lines[header + 1], lines  # models/decoder.decode_logits: the [E, V] copy on CPU
+  assert "decode_logits" in lines[header + 1], lines  # models/decoder_cached.decode_logits: the [E, V] copy on CPU
   assert lines[-1].endswith("all ops")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from oapl_jax import parallel, sections
-from oapl_jax.models import decoder, execution as model_execution
+from oapl_jax.models import decoder, decoder_cached, execution as model_execution
 from oapl_jax.models.execution import REMAT_POLICIES, Execution
 from oapl_jax.models.qwen.config import QwenConfig
 from oapl_jax.models.factory import ModelSpec
@@ -70,13 +70,13 @@ def test_sharded_offload_with_pieces_gives_the_plain_models_gradients():
 def test_pieces_keep_the_cached_forward():
   """The sampler's forward (prefill, then one decode step) with MLP pieces equals the unchunked one."""
   config, params, tokens, _ = _problem()
-  per_layer = decoder.unstack_layers(params)
+  per_layer = decoder_cached.unstack_layers(params)
   outs = []
   for c in (config, config.replace(mlp_chunks=4)):
-    cache = decoder.init_cache(c, 8, 16)
+    cache = decoder_cached.init_cache(c, 8, 16)
     positions = jnp.broadcast_to(jnp.arange(13), tokens.shape)
-    hidden, cache = decoder.forward_with_cache(per_layer, c, tokens, positions, cache)
-    step, _ = decoder.forward_with_cache(per_layer, c, tokens[:, :1], jnp.full((8, 1), 13), cache)
+    hidden, cache = decoder_cached.forward_with_cache(per_layer, c, tokens, positions, cache)
+    step, _ = decoder_cached.forward_with_cache(per_layer, c, tokens[:, :1], jnp.full((8, 1), 13), cache)
     outs.append((hidden, step))
   for a, b in zip(*outs):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

@@ -1,11 +1,11 @@
-"""The shared decoder's `models.api.CausalLM`: the functions of models/decoder.py bound to one family config
-(QwenConfig, LlamaConfig, ...: any models/decoder_config.DecoderConfig).
+"""The shared decoder's `models.api.CausalLM`: the functions of models/decoder.py and decoder_cached.py bound to one
+family config (QwenConfig, LlamaConfig, ...: any models/decoder_config.DecoderConfig).
 
     model = DecoderLM(QwenConfig.tiny())   # normally api.for_config(config)
 """
 import jax
 
-from oapl_jax.models import decoder
+from oapl_jax.models import decoder, decoder_cached
 from oapl_jax.models.decoder_config import DecoderConfig
 
 Cache = decoder.Cache
@@ -44,29 +44,29 @@ class DecoderLM:
                                   needed_BxT=needed_BxT)
 
   def decode_params(self, params):
-    return decoder.decode_layout(params, self.config)
+    return decoder_cached.decode_layout(params, self.config)
 
-  is_decode_layout = staticmethod(decoder.is_per_layer)
+  is_decode_layout = staticmethod(decoder_cached.is_per_layer)
 
   def decode_logical_axes(self):
-    return decoder.unstacked_logical_axes(self.config)
+    return decoder_cached.unstacked_logical_axes(self.config)
 
   def init_cache(self, batch: int, max_len: int) -> Cache:
-    return decoder.init_cache(self.config, batch, max_len)
+    return decoder_cached.init_cache(self.config, batch, max_len)
 
   def cache_logical_axes(self) -> Cache:
-    return tuple(decoder.KVCache(*(jax.sharding.PartitionSpec(*axes) for axes in decoder.CACHE_LOGICAL_AXES))
+    return tuple(decoder.KVCache(*(jax.sharding.PartitionSpec(*axes) for axes in decoder_cached.CACHE_LOGICAL_AXES))
                  for _ in range(self.config.num_layers))
 
-  cache_length = staticmethod(decoder.cache_length)
-  grow_cache = staticmethod(decoder.grow_cache)
-  copy_cache_rows = staticmethod(decoder.copy_cache_rows)
+  cache_length = staticmethod(decoder_cached.cache_length)
+  grow_cache = staticmethod(decoder_cached.grow_cache)
+  copy_cache_rows = staticmethod(decoder_cached.copy_cache_rows)
 
   def decode_constants(self, cache_len: int) -> Rotary:
     return decoder.rotary_table(self.config, cache_len)
 
   def forward_with_cache(self, params, tokens_BxT, positions_BxT, cache: Cache, constants=None):
-    return decoder.forward_with_cache(params, self.config, tokens_BxT, positions_BxT, cache, constants)
+    return decoder_cached.forward_with_cache(params, self.config, tokens_BxT, positions_BxT, cache, constants)
 
   def logits(self, params, hidden_BxE):
-    return decoder.decode_logits(params, self.config, hidden_BxE)
+    return decoder_cached.decode_logits(params, self.config, hidden_BxE)
