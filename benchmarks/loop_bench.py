@@ -40,20 +40,20 @@ LRS = (3e-5, 1e-4, 3e-4)
 STEPS, EVAL_EVERY = 120, 10
 COMMON = [f"--config.warmstart.steps=0", f"--config.eval.every_steps={EVAL_EVERY}",
           "--config.loop.eval_every_syncs=1000000", "--config.checkpoint.every_syncs=1000000"]
+# Tunix's regime: the sampler refreshed after every step, a rollout of one step's 16 prompts, each trained once
+ON_ARRIVAL = ["--config.loop.sync_every=1", "--config.loop.steps_per_rollout=1", "--config.loop.prompts_per_rollout=16"]
 SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 steps each), or None: Tunix
     "oapl_L10": [],  # the demo's settings (mesh.cpu_compile='fast_start' from 2026-11-29 on)
     "oapl_L4": ["--config.loop.sync_every=4"],
     "oapl_L40": ["--config.loop.sync_every=40"],
     # OAPL at its smallest lag, in Tunix's regime: a fresh rollout of each step's 16 prompts, trained once
-    "oapl_L1": ["--config.loop.sync_every=1", "--config.loop.steps_per_rollout=1",
-                "--config.loop.prompts_per_rollout=16"],
+    "oapl_L1": ON_ARRIVAL,
     "grpo_obo": ["--config.trainer.loss=grpo", "--config.loop.sync_every=2",  # experiments/plan.py's shape
                  "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
                  "--config.loop.sampler_delay_windows=1"],
     "tunix_grpo": None,
-    # our GRPO on policy, in Tunix's regime: a fresh rollout of each step's 16 prompts from the current params
-    "grpo_sync": ["--config.trainer.loss=grpo", "--config.loop.sync_every=1", "--config.loop.steps_per_rollout=1",
-                  "--config.loop.prompts_per_rollout=16"],
+    # our GRPO on policy, in the same regime
+    "grpo_sync": ["--config.trainer.loss=grpo", *ON_ARRIVAL],
     # our programs at XLA's defaults (before 2026-11-29, the demo's), or each one compiled for a short start
     # (mesh.cpu_compile='fast_start': fusion emitters off, LLVM at -O1); Tunix under the same XLA options (as
     # XLA_FLAGS: it has no per-program setting)
@@ -145,9 +145,10 @@ def cpu_seconds() -> tuple[float, float]:
   return busy, child.ru_utime + child.ru_stime
 
 
-def loop_args(side: str, steps: int) -> list[str]:
+def loop_args(side: str, steps: int, config: str = CONFIG) -> list[str]:
   """Our side's overrides for a run of `steps` trainer steps: its windows (num_syncs) from its lag."""
-  lag = next((int(a.split("=")[1]) for a in SIDES[side] if a.startswith("--config.loop.sync_every=")), 10)
+  from oapl_jax.run import files  # pylint: disable=import-outside-toplevel
+  lag = files.load(config, SIDES[side]).loop.sync_every
   if steps % lag:
     raise SystemExit(f"--steps {steps} is not a whole number of {side}'s windows of {lag} steps")
   return [*SIDES[side], f"--config.loop.num_syncs={steps // lag}"]
@@ -171,7 +172,7 @@ def run(workdir: str, side: str, lr: float, seed: int, warm: str, data: str, env
   else:
     cmd = [sys.executable, "-m", "oapl_jax.main", "--config", config, "--workdir", os.path.join(where, "run"),
            f"--config.model.checkpoint={warm}", f"--config.seed={seed}", f"--config.trainer.optim.lr={lr}",
-           *COMMON, *loop_args(side, steps)]
+           *COMMON, *loop_args(side, steps, config)]
   before, start = cpu_seconds(), time.perf_counter()
   with open(os.path.join(where, "log.txt"), "w") as log:
     env = {**worker_env(), **SIDE_ENV.get(side, {}), **(env or {})}

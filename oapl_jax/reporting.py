@@ -96,25 +96,25 @@ class _TensorBoardEvents:
   writer where clu's cannot import (they import tensorflow, which a GPU image may lack)."""
 
   def __init__(self, workdir: str):
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+    from tensorboard.plugins.text import metadata as text_metadata
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    self._event, self._summary, self._tensor, self._types, self._text = (event_pb2, summary_pb2, tensor_pb2,
+                                                                         types_pb2, text_metadata)
     self._writer = EventFileWriter(workdir)
 
   def _add(self, step, values):
-    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=import-outside-toplevel
-    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                           summary=summary_pb2.Summary(value=values)))
+    self._writer.add_event(self._event.Event(wall_time=time.time(), step=int(step),
+                                             summary=self._summary.Summary(value=values)))
 
   def write_scalars(self, step, scalars):
-    from tensorboard.compat.proto import summary_pb2  # pylint: disable=import-outside-toplevel
-    self._add(step, [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()])
+    self._add(step, [self._summary.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()])
 
   def write_texts(self, step, texts):
-    from tensorboard.compat.proto import summary_pb2, tensor_pb2, types_pb2  # pylint: disable=import-outside-toplevel
-    from tensorboard.plugins.text import metadata  # pylint: disable=import-outside-toplevel
-    self._add(step, [summary_pb2.Summary.Value(tag=k, metadata=metadata.create_summary_metadata(k, ""),
-                                               tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING,
-                                                                             string_val=[v.encode()]))
-                     for k, v in texts.items()])
+    as_text = lambda v: self._tensor.TensorProto(dtype=self._types.DT_STRING, string_val=[v.encode()])  # noqa: E731
+    self._add(step, [self._summary.Summary.Value(tag=k, metadata=self._text.create_summary_metadata(k, ""),
+                                                 tensor=as_text(v)) for k, v in texts.items()])
 
   def flush(self):
     self._writer.flush()
