@@ -76,13 +76,16 @@ def test_chunk_plan(tokens, budget, want):
   assert vocab_logprobs.chunk_plan(tokens, budget) == want
 
 
-@pytest.mark.parametrize("chunk_tokens, recompute", [(4, True), (64, False), pytest.param(4, False, marks=pytest.mark.slow),
-                                                     pytest.param(64, True, marks=pytest.mark.slow)])
-def test_needed_positions_equal_the_reference_and_the_rest_are_zero(chunk_tokens, recompute):
+# skip_unread False: every position is projected (models/execution.Execution.logprob_skip_unread), the same values
+@pytest.mark.parametrize("chunk_tokens, recompute, skip_unread", [
+    (4, True, True), (64, False, True), (4, True, False), pytest.param(4, False, True, marks=pytest.mark.slow),
+    pytest.param(64, True, True, marks=pytest.mark.slow), pytest.param(64, False, False, marks=pytest.mark.slow)])
+def test_needed_positions_equal_the_reference_and_the_rest_are_zero(chunk_tokens, recompute, skip_unread):
   """With a mask of needed positions (one row with none, one with all, the rest random): needed positions equal
   the full-logits reference, the others are 0, and the gradient equals the reference's through the needed
   positions only."""
-  config = TINY.replace(logprob_chunk_tokens=chunk_tokens, logprob_recompute=recompute)
+  config = TINY.replace(logprob_chunk_tokens=chunk_tokens, logprob_recompute=recompute,
+                        logprob_skip_unread=skip_unread)
   params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(2)))
   rng = np.random.RandomState(2)
   B, T = 4, 9
@@ -102,6 +105,22 @@ def test_needed_positions_equal_the_reference_and_the_rest_are_zero(chunk_tokens
   want = jax.jit(jax.grad(_weighted_sum(ref, w, u)))(params)
   scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(want))
   jax.tree.map(lambda g, h: np.testing.assert_allclose(g, h, atol=1e-5 * scale, rtol=0), grads, want)
+
+
+def test_projecting_every_position_compiles_no_skipped_chunks():
+  """logprob_skip_unread=False: the step's log-probs and their gradient compile to no conditional (a skipped chunk
+  or tail is one), where the skipping path has them; its values are test_needed_positions_equal_the_reference's."""
+  config = TINY.replace(logprob_chunk_tokens=8, attention="reference")  # 5 chunks; blockwise attention has conds
+  params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(2)))
+  tokens = jnp.zeros((4, 9), jnp.int32)
+  needed = jnp.broadcast_to(jnp.arange(9) >= 4, (4, 9))
+
+  def conditionals(c):
+    loss = lambda p: jnp.sum(decoder.token_logprobs(p, c, tokens, tokens, needed_BxT=needed))  # noqa: E731
+    return jax.jit(jax.grad(loss)).lower(params).compile().as_text().count(" conditional(")
+
+  assert conditionals(config) > 0
+  assert conditionals(config.replace(logprob_skip_unread=False)) == 0
 
 
 def test_chunks_without_needed_positions_run_no_projection():

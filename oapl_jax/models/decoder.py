@@ -273,7 +273,7 @@ class Decoder(nn.Module):
                           embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
     layer = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(c.remat_policy)) if c.remat else DecoderLayer
     self.layers = nn.scan(layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
-                          in_axes=(nn.broadcast,) * 3, length=c.num_layers,
+                          in_axes=(nn.broadcast,) * 3, length=c.num_layers, unroll=c.layer_unroll,
                           metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
     self.final_norm = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype)
     if not c.tie_word_embeddings:
@@ -323,7 +323,8 @@ def token_logprobs(params, config: DecoderConfig, tokens_BxT, targets_BxT, posit
   per token, the logits recomputed in the backward unless `config.logprob_recompute` is False or the kept
   blocks fit in `config.logprob_keep_bytes`), so when recomputing one float32 [chunk tokens, V] block is alive
   per device however many rows the batch has. `needed_BxT`: the positions
-  whose values are read (a loss's response mask); the others give 0 and cost no projection. With
+  whose values are read (a loss's response mask); the others give 0 and cost no projection (unless
+  `config.logprob_skip_unread` is False: then they are projected and still give 0). With
   `with_entropy`, also returns the per-position entropy. `lora`: adapters applied inside the layers (see
   Projection), B pre-scaled; None for the plain model.
   """
@@ -332,11 +333,15 @@ def token_logprobs(params, config: DecoderConfig, tokens_BxT, targets_BxT, posit
   hidden_BxTxE = model.apply(variables, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
   # Only the weights the projection reads go through the chunks' custom VJP (their gradient is summed over chunks).
   vocab_params = {k: params[k] for k in (("embed",) if config.tie_word_embeddings else ("lm_head",))}
-  return vocab_logprobs.token_logprobs(
-      functools.partial(_project_vocab, config), vocab_params, hidden_BxTxE, targets_BxT, needed_BxT,
+  out = vocab_logprobs.token_logprobs(
+      functools.partial(_project_vocab, config), vocab_params, hidden_BxTxE, targets_BxT,
+      needed_BxT if config.logprob_skip_unread else None,
       chunk_tokens=config.logprob_chunk_tokens, temperature=temperature, with_entropy=with_entropy,
       recompute=config.logprob_recompute, tail_levels=config.logprob_tail_levels,
       keep_bytes=config.logprob_keep_bytes)
+  if needed_BxT is None or config.logprob_skip_unread:
+    return out
+  return jax.tree.map(lambda x_BxT: jnp.where(needed_BxT, x_BxT, 0.0), out)  # projected, but unread: 0 as skipped
 
 
 def _project_vocab(config: DecoderConfig, vocab_params, hidden_BxTxE):
