@@ -28,10 +28,10 @@ def get_config(arg: str = "") -> ConfigDict:
   c.model.preset = "tiny"
   c.model.attention = "reference"  # sequences of ~10 tokens: the exact full-scores path is also the cheapest
   c.mesh.cpu_compile = "fast_start"  # compiling is most of this CPU run: programs compile ~2x faster, step ~30% slower
-  # A 32-word vocabulary: a step's 1,664 positions of logits are 213 KB, so one chunk, every position projected (no
-  # skipped chunks or tails to compile), and the 2 layers as straight-line code: the step compiles in 2.3 s instead
-  # of 3.0 and runs in 75 ms instead of 89 (docs/benchmarks.md, "The demo's step: no layer loop, no skipped rows")
-  c.model.update(logprob_chunk_tokens=4096, logprob_skip_unread=False, layer_unroll=2)
+  # A 32-word vocabulary: a step's 1,664 positions of logits are 213 KB, so one chunk, and every position projected
+  # (no skipped chunks or tails to compile): the train step compiles in 2.8 s instead of 3.6, the same step time
+  # (docs/benchmarks.md, "The demo's train step projects every position")
+  c.model.update(logprob_chunk_tokens=4096, logprob_skip_unread=False)
   c.model.overrides = dict(vocab_size=32, hidden_size=128, intermediate_size=512, num_layers=2, num_heads=4,
                            num_kv_heads=2, head_dim=32, max_position_embeddings=64)
   c.task = config_base.arithmetic_task(num_digits=2, num_train=4096, num_held_out=256)

@@ -1,7 +1,5 @@
 """Memory-saving executions compute the same function: every remat policy and MLP chunking give the loss and
 gradients of the plain model (no remat, unchunked), on one device and sharded over 8; bad settings are errors."""
-import re
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -16,8 +14,7 @@ from oapl_jax.models.factory import ModelSpec
 
 # Odd T (13) and 3 MLP pieces: the last piece is padded, and the padding must not leak into any output.
 EXECUTIONS = [dict(remat=True, remat_policy=p) for p in REMAT_POLICIES] + [
-    dict(mlp_chunks=3), dict(mlp_chunks=20), dict(remat=True, remat_policy="offload_layer_input", mlp_chunks=4),
-    dict(layer_unroll=2), dict(layer_unroll=5, remat=True)]  # unrolled layers: 2 of tiny's 2, or more than it has
+    dict(mlp_chunks=3), dict(mlp_chunks=20), dict(remat=True, remat_policy="offload_layer_input", mlp_chunks=4)]
 
 
 def _problem():
@@ -60,17 +57,6 @@ def test_execution_gives_the_plain_models_loss_and_gradients(execution):
   _assert_same(_value_and_grad(variant, params, tokens, weights), _value_and_grad(config, params, tokens, weights))
 
 
-def test_unrolled_layers_compile_to_no_loop():
-  """layer_unroll >= num_layers: the training forward and backward are straight-line code (no while loop)."""
-  config, params, tokens, weights = _problem()
-  def layer_loops(c):  # the scan's; the suite's classic emitters lower a scatter to a loop of its own
-    text = _VALUE_AND_GRAD.lower(params, c, tokens, weights).compile().as_text()
-    return sum(" while(" in line and bool(re.search(r"\(Decoder\)+/while", line)) for line in text.splitlines())
-
-  assert layer_loops(config) == 2  # the scan's forward and its transpose
-  assert layer_loops(config.replace(layer_unroll=config.num_layers)) == 0
-
-
 @pytest.mark.devices(8)
 def test_sharded_offload_with_pieces_gives_the_plain_models_gradients():
   config, params, tokens, weights = _problem()
@@ -97,8 +83,7 @@ def test_pieces_keep_the_cached_forward():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("remat_policy", "offload", "remat_policy"), ("remat_policy", "", "remat_policy"), ("mlp_chunks", 0, "mlp_chunks"),
-    ("layer_unroll", 0, "layer_unroll")])
+    ("remat_policy", "offload", "remat_policy"), ("remat_policy", "", "remat_policy"), ("mlp_chunks", 0, "mlp_chunks")])
 def test_bad_execution_values_are_clear_errors(field, value, message):
   with pytest.raises(ValueError, match=message):
     Execution(**{field: value})

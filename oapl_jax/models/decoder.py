@@ -273,7 +273,7 @@ class Decoder(nn.Module):
                           embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
     layer = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(c.remat_policy)) if c.remat else DecoderLayer
     self.layers = nn.scan(layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
-                          in_axes=(nn.broadcast,) * 3, length=c.num_layers, unroll=c.layer_unroll,
+                          in_axes=(nn.broadcast,) * 3, length=c.num_layers,
                           metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
     self.final_norm = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype)
     if not c.tie_word_embeddings:

@@ -30,14 +30,10 @@ class Execution:
   # the MLP runs over the positions in this many pieces, each rematerialised in its own backward: one piece's
   # [B, T / pieces, intermediate] temporaries alive instead of the whole [B, T, intermediate] (1: unchunked)
   mlp_chunks: int = sections.rule(1, low=1)
-  # layers per iteration of the training forward's scan over layers (>= num_layers: straight-line code, no loop).
-  # The parameters stay stacked either way. A tiny model on CPU gains: the demo's 2-layer step 75 against 89 ms
-  # for the same compile time (docs/benchmarks.md); at depth the compile grows with it
-  layer_unroll: int = sections.rule(1, low=1)
   # with a needed-positions mask (the trainer's response tokens), skip the projection of positions no one reads
   # (chunks holding none, and `logprob_tail_levels` below). False: every position is projected and the unread
   # ones still give 0, with no reordering or skipped chunks to compile: for a vocabulary so small the projection
-  # costs nothing (the demo's 32 words: its step compiles in 2.3 s instead of 3.0)
+  # costs nothing (the demo's 32 words: its train step compiles in 2.8 s instead of 3.6, docs/benchmarks.md)
   logprob_skip_unread: bool = True
   # tokens (rows x positions) per row shard in one chunk of the vocabulary projection: one float32
   # [tokens, vocab] block is alive per device, forward or backward, however many rows a batch has

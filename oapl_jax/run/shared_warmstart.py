@@ -35,11 +35,11 @@ def unshared_reason(config, points: Sequence[dict]) -> str:
 
 
 # fields added to those sections since warm starts were first recorded that do not change the warm start made (a
-# warning's threshold, how rewards are batched, the sampler's layout of the table, how the layers loop and which
-# positions the vocabulary projection skips, which change rounding only): left out of its record at any depth, so
-# the warm starts made before them are still found
+# warning's threshold, how rewards are batched, the sampler's layout of the table, which positions the vocabulary
+# projection skips: rounding at most): left out of its record at any depth, so the warm starts made before them are
+# still found
 NOT_MADE_FROM = {"warmstart": ("memorised_nll",), "task": ("reward_batch",),
-                 "model": ("decode_transposed_table", "layer_unroll", "logprob_skip_unread")}
+                 "model": ("decode_transposed_table", "logprob_skip_unread")}
 
 
 def _without(value, names):
