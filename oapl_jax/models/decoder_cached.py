@@ -59,11 +59,15 @@ def unstack_layers(params):
 TRANSPOSED_TABLE = "embed_transposed_ExV"  # the decode layout's [E, V] copy of a tied table (decode_transposed_table)
 
 
+def _keeps_transposed_table(config: DecoderConfig) -> bool:
+  return config.tie_word_embeddings and config.decode_transposed_table
+
+
 def decode_layout(params, config: DecoderConfig):
   """unstack_layers, and with config.decode_transposed_table a tied table's [E, V] transpose beside it (the
   logits' operand; the lookups keep reading the [V, E] table)."""
   out = unstack_layers(params)
-  if config.tie_word_embeddings and config.decode_transposed_table:
+  if _keeps_transposed_table(config):
     out[TRANSPOSED_TABLE] = params["embed"]["embedding"].T
   return out
 
@@ -79,7 +83,7 @@ def unstacked_logical_axes(config: DecoderConfig):
   one_layer = jax.tree.map(lambda spec: jax.sharding.PartitionSpec(*spec[1:]), axes["layers"],
                            is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   out = {**axes, "layers": (one_layer,) * config.num_layers}
-  if config.tie_word_embeddings and config.decode_transposed_table:
+  if _keeps_transposed_table(config):
     out[TRANSPOSED_TABLE] = jax.sharding.PartitionSpec("embed", "vocab")
   return out
 

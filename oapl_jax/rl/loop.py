@@ -23,7 +23,6 @@ writes reports (reporting.Reporter) and the run's config; orbax saves and restor
 On the CPU backend the rollouts then run in the trainer's thread (`rollouts_inline`).
 """
 import dataclasses
-import functools
 import logging
 import time
 from typing import Any, Callable, Optional
@@ -193,16 +192,10 @@ def _begin_window(run: Online, worker: RolloutWorker, at: _Position) -> int:
   return length
 
 
-@functools.lru_cache(maxsize=4)
-def _base_key(seed: int) -> jax.Array:
-  """The run's key, made once a run rather than once a window (at L = 1, every step)."""
-  return jax.random.PRNGKey(seed)
-
-
 def _train_window(run: Online, worker: RolloutWorker, stop: preemption.StopFlag, at: _Position,
                   length: int) -> _WindowEnd:
   """The window's trainer steps from `at.resume_at`, each logged while the next runs; how they ended."""
-  base_key, report = _base_key(run.settings.seed), _StepReport(run)
+  base_key, report = jax.random.PRNGKey(run.settings.seed), _StepReport(run)
   driver = stepping.StepDriver(run.train_step, lambda step: jax.random.fold_in(base_key, step), report, stop=stop,
                                checkpointer=run.checkpointer, monitor=run.monitor, timed=lambda p: _timed(run, p))
   done, cut = at.resume_at, False  # the window's steps dispatched so far; a stop cut the work a step needs

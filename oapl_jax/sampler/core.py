@@ -202,8 +202,7 @@ class Sampler(api.GroupSampler):
                max_prefill_length: int = 256, max_new_tokens: int = 256, max_prefill_batch: int = 0,
                snapshot_version: int = 0):
     self.layout = layout or Layout.single_device()
-    if (getattr(model.config, "tie_word_embeddings", False)
-        and (self.layout.platform, model.config.dtype) in TRANSPOSED_TABLE_AT):
+    if (self.layout.platform, model.config.dtype) in TRANSPOSED_TABLE_AT:  # the model copies a tied table only
       model = model.with_execution(decode_transposed_table=True)
     self.model, self.config = model, model.config
     self.num_slots = int(num_slots)
