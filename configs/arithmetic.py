@@ -41,6 +41,9 @@ def get_config(arg: str = "") -> ConfigDict:
 
   c.trainer.loss_settings.oapl.update(beta1=0.5, beta2=0.5)
   c.trainer.optim.update(lr=1e-4, b1=0.9, b2=0.95, weight_decay=0.0, max_grad_norm=1.0)
+  # a group's 8 rows share a prompt of up to 7 tokens: packed, a group is 62 positions instead of 104; in the loop a
+  # step computes in ~24 ms instead of ~40 and compiles ~0.3 s longer (docs/benchmarks.md, "Each group's prompt")
+  c.trainer.share_prompts = True
 
   c.sampler.update(num_slots=128, max_prefill_length=8, max_new_tokens=6, temperature=1.0, top_p=1.0,
                    steps_per_sync=8)

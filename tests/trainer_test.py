@@ -293,3 +293,27 @@ def test_cpu_compile_options_reach_the_trainers_programs_and_fast_start_steps_al
     trainer.make_train_step(TRAIN, model, layout)(state, batch, jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match="cpu_compile='fast'"):
     parallel.Layout(mesh, cpu_compile="fast")
+
+
+def _shared_prompt_batch(B, G, T, seed, prompt_len=4):
+  """_batch with one prompt per group, as the buffer's groups hold (tokens and targets are views of one array)."""
+  batch = _batch(B, G, T, seed=seed, prompt_len=prompt_len)
+  batch["tokens"][:, :, :prompt_len] = batch["tokens"][:, :1, :prompt_len]
+  assert (batch["targets"][:, :, :prompt_len - 1] == batch["targets"][:, :1, :prompt_len - 1]).all()
+  return batch
+
+
+@pytest.mark.devices(8)
+@pytest.mark.parametrize("loss, settings", [("oapl", TRAIN.loss_settings), ("grpo", objectives.GRPOSettings())])
+def test_prompts_shared_by_their_group_train_like_the_full_rows(loss, settings):
+  """trainer.share_prompts (each group packed into one row, its prompt run once) on 8 devices with 2
+  micro-batches: the same losses, metrics and params as the full rows on one device."""
+  batches = [_shared_prompt_batch(4, 4, 12, seed=s) for s in (1, 2)]
+  full = dataclasses.replace(TRAIN, loss=loss, loss_settings=settings)
+  shared = dataclasses.replace(full, share_prompts=True, longest_prompt=4, micro_batches=2)
+  state_full, metrics_full = _run(full, CONFIG, _params(), _one_device_mesh(), batches)
+  state_shared, metrics_shared = _run(shared, CONFIG, _params(), parallel.make_mesh((1, 4, 2)), batches)
+  _assert_trees_close(state_shared.params, state_full.params, atol=2e-5)
+  for want, got in zip(metrics_full, metrics_shared):
+    for name in ("loss", "grad_norm", "entropy", "tokens", "seq_log_ratio_abs_mean"):
+      np.testing.assert_allclose(got[name], want[name], rtol=1e-4, err_msg=name)

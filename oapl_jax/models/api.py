@@ -42,11 +42,13 @@ class CausalLM(Protocol):
 
   # ---- training
   def token_logprobs(self, params: Params, tokens_BxT, targets_BxT, positions_BxT=None, *,
-                     temperature: float = 1.0, with_entropy: bool = False, lora: Params = None, needed_BxT=None):
+                     temperature: float = 1.0, with_entropy: bool = False, lora: Params = None, needed_BxT=None,
+                     key_mask_BxT=None, prompt_groups=None):
     """log softmax(logits / temperature)[target] per position, float32 [B, T] (and entropies). `lora`: LoRA
     adapters (models/lora.py's tree, B scaled by alpha / rank) applied inside the layers as x·A·B.
     `needed_BxT` (bool): the positions the caller reads; the others give 0 and may skip the vocabulary
-    projection (None: all)."""
+    projection (None: all). `key_mask_BxT`: the keys attention may read (None: all). `prompt_groups`
+    (models/prompt_groups.PromptGroups): each row is a group packed by prompt_groups.pack, its prompt run once."""
 
   # ---- sampling: a decode layout of the params and a KV cache
   def decode_params(self, params: Params) -> Params:

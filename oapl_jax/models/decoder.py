@@ -20,10 +20,11 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from oapl_jax import parallel
-from oapl_jax.models import projection_grad, vocab_logprobs
+from oapl_jax.models import projection_grad, prompt_groups, vocab_logprobs
 from oapl_jax.models.attention import attend
 from oapl_jax.models.decoder_config import DecoderConfig
 from oapl_jax.models.execution import remat_policy
+from oapl_jax.models.prompt_groups import PromptGroups
 
 Array = jax.Array
 
@@ -160,6 +161,7 @@ class Attention(nn.Module):
   returns the updated cache."""
 
   config: DecoderConfig
+  groups: Optional[PromptGroups] = None  # rows packed as prompt-sharing groups (models/prompt_groups.py)
 
   @nn.compact
   def __call__(self, x_BxTxE, positions_BxT, rot: Rotary, key_mask_BxS=None, layer_cache: Optional[KVCache] = None):
@@ -176,6 +178,9 @@ class Attention(nn.Module):
     B, T, H, D = q.shape
     kernel = dict(implementation=c.attention, block_q=c.attention_block_q, block_kv=c.attention_block_kv,
                   platform=parallel.current_platform())
+    if layer_cache is None and self.groups is not None:  # training on packed groups
+      out = prompt_groups.attend_grouped(self.groups, q, k, v, positions_BxT, key_mask_BxS, **kernel)
+      return self._project(out), None
     if layer_cache is None:  # training: the configured kernel (flash-style off the reference path)
       out = attend(q, k, v, q_positions_BxT=positions_BxT, kv_positions_BxS=positions_BxT,
                    kv_valid_BxS=key_mask_BxS, **kernel)
@@ -247,13 +252,14 @@ class DecoderLayer(nn.Module):
   """One block: (x, positions, rotary, key mask, [layer cache]) -> (x, updated cache or None)."""
 
   config: DecoderConfig
+  groups: Optional[PromptGroups] = None
 
   @nn.compact
   def __call__(self, x_BxTxE, positions_BxT, rot: Rotary, key_mask_BxS=None, layer_cache=None):
     c = self.config
     x_BxTxE = checkpoint_name(x_BxTxE, "layer_input")  # what remat_policy="offload_layer_input" moves to host
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="input_norm")(x_BxTxE)
-    attn, layer_cache = Attention(c, name="attn")(h, positions_BxT, rot, key_mask_BxS, layer_cache)
+    attn, layer_cache = Attention(c, self.groups, name="attn")(h, positions_BxT, rot, key_mask_BxS, layer_cache)
     x_BxTxE = x_BxTxE + attn
     h = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype, name="post_attn_norm")(x_BxTxE)
     x_BxTxE = x_BxTxE + mlp_over_pieces(c, h)
@@ -263,9 +269,11 @@ class DecoderLayer(nn.Module):
 
 class Decoder(nn.Module):
   """The training forward: final-norm hidden states [B, T, E] over scanned layers; `logits`
-  projects them. The sampler's cached forward is decoder_cached.forward_with_cache (same parameters)."""
+  projects them. The sampler's cached forward is decoder_cached.forward_with_cache (same parameters). With
+  `groups`, each row is a group packed by models/prompt_groups.pack (its prompt run once)."""
 
   config: DecoderConfig
+  groups: Optional[PromptGroups] = None
 
   def setup(self):
     c = self.config
@@ -274,7 +282,7 @@ class Decoder(nn.Module):
     layer = nn.remat(DecoderLayer, prevent_cse=False, policy=remat_policy(c.remat_policy)) if c.remat else DecoderLayer
     self.layers = nn.scan(layer, variable_axes={"params": 0, "lora": 0}, split_rngs={"params": True},
                           in_axes=(nn.broadcast,) * 3, length=c.num_layers,
-                          metadata_params={nn.PARTITION_NAME: "layers"})(c, name="layers")
+                          metadata_params={nn.PARTITION_NAME: "layers"})(c, self.groups, name="layers")
     self.final_norm = RMSNorm(c.rms_norm_eps, c.jnp_param_dtype)
     if not c.tie_word_embeddings:
       self.lm_head = _dense(c.vocab_size, ("embed", "vocab"), c, "lm_head")
@@ -315,7 +323,7 @@ def logits(params, config: DecoderConfig, tokens_BxT, positions_BxT=None, key_ma
 
 def token_logprobs(params, config: DecoderConfig, tokens_BxT, targets_BxT, positions_BxT=None, *,
                    key_mask_BxS=None, temperature: float = 1.0, with_entropy: bool = False, lora=None,
-                   needed_BxT=None):
+                   needed_BxT=None, prompt_groups: Optional[PromptGroups] = None):
   """log softmax(logits / temperature)[target] per position, float32 [B, T].
 
   The vocabulary projection runs through models/vocab_logprobs.token_logprobs: chunks of at most
@@ -326,9 +334,10 @@ def token_logprobs(params, config: DecoderConfig, tokens_BxT, targets_BxT, posit
   whose values are read (a loss's response mask); the others give 0 and cost no projection (unless
   `config.logprob_skip_unread` is False: then they are projected and still give 0). With
   `with_entropy`, also returns the per-position entropy. `lora`: adapters applied inside the layers (see
-  Projection), B pre-scaled; None for the plain model.
+  Projection), B pre-scaled; None for the plain model. `prompt_groups`: the rows are groups packed by
+  models/prompt_groups.pack (their key mask given), each prompt run once.
   """
-  model = Decoder(config)
+  model = Decoder(config, prompt_groups)
   variables = {"params": params} if lora is None else {"params": params, "lora": lora}
   hidden_BxTxE = model.apply(variables, tokens_BxT, positions_BxT, key_mask_BxS=key_mask_BxS)
   # Only the weights the projection reads go through the chunks' custom VJP (their gradient is summed over chunks).

@@ -38,10 +38,10 @@ class DecoderLM:
             "o_proj": ("q_heads", "head_dim"), "down_proj": ("mlp",)}
 
   def token_logprobs(self, params, tokens_BxT, targets_BxT, positions_BxT=None, *, temperature: float = 1.0,
-                     with_entropy: bool = False, lora=None, needed_BxT=None):
+                     with_entropy: bool = False, lora=None, needed_BxT=None, key_mask_BxT=None, prompt_groups=None):
     return decoder.token_logprobs(params, self.config, tokens_BxT, targets_BxT, positions_BxT,
                                   temperature=temperature, with_entropy=with_entropy, lora=lora,
-                                  needed_BxT=needed_BxT)
+                                  needed_BxT=needed_BxT, key_mask_BxS=key_mask_BxT, prompt_groups=prompt_groups)
 
   def decode_params(self, params):
     return decoder_cached.decode_layout(params, self.config)

@@ -103,10 +103,12 @@ def stage_batches(store: RolloutStore, keep_by_chunk: Sequence[np.ndarray], batc
         carry = {k: v[batch_prompts:] for k, v in carry.items()}
 
 
-def stage_train_config(config: trainer.TrainConfig, steps: int, temperature: float) -> trainer.TrainConfig:
-  """The trainer section with a cosine schedule spanning `steps`, at the rollouts' temperature."""
+def stage_train_config(config: trainer.TrainConfig, steps: int, temperature: float,
+                       longest_prompt: int = 0) -> trainer.TrainConfig:
+  """The trainer section with a cosine schedule spanning `steps`, at the rollouts' temperature (and their longest
+  prompt, for trainer.share_prompts)."""
   optim = dataclasses.replace(config.optim, total_steps=steps) if config.optim.schedule == "cosine" else config.optim
-  return dataclasses.replace(config, optim=optim, temperature=temperature)
+  return dataclasses.replace(config, optim=optim, temperature=temperature, longest_prompt=longest_prompt)
 
 
 # ------------------------------------------------------------------------------ stages on an Offline run
@@ -224,7 +226,8 @@ def train_stage(run: Offline, config: OfflineConfig, stage: int, workdir: str,
   logging.info("stage %d: the filter kept %d of %d groups; %d epoch(s) = %d steps of %d groups", stage, kept, total,
                epochs, steps, B)
   layout = run.placement.trainer
-  train_cfg = stage_train_config(run.train_config, steps, h.settings.temperature)
+  longest_prompt = max(len(p.prompt_tokens) for p in run.task.train)
+  train_cfg = stage_train_config(run.train_config, steps, h.settings.temperature, longest_prompt)
   if done:  # the restored state is this stage's, optimizer state included
     state, run.state = run.state, None
   else:
@@ -239,7 +242,7 @@ def train_stage(run: Offline, config: OfflineConfig, stage: int, workdir: str,
                                checkpointer=run.checkpointer, monitor=run.monitor)
   first_position = run.meta.data_position - done * B  # where the stage began
   # T from the stored rollouts' own budget and prompts (buffer.sequence_length: the one rule)
-  seq_len = sequence_length(max(len(p.prompt_tokens) for p in run.task.train), h.settings.max_new_tokens)
+  seq_len = sequence_length(longest_prompt, h.settings.max_new_tokens)
   for i, batch in enumerate(stage_batches(store, keep_by_chunk, B, epochs, (run.seed, stage), seq_len)):
     if i < done:  # steps a stopped attempt took: the same batches, in order, skipped
       continue

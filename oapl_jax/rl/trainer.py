@@ -27,7 +27,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from oapl_jax import objectives, parallel, sections
-from oapl_jax.models import lora
+from oapl_jax.models import lora, prompt_groups
 from oapl_jax.models.lora import LoraSettings
 from oapl_jax.models.api import CausalLM
 from oapl_jax.parallel import Layout
@@ -69,6 +69,11 @@ class TrainConfig:
   # loss and are left out of OAPL's V* and regression (the control for demonstrations in the buffer; the
   # assembler wraps the loss: objectives/demo_sft.py)
   demo_sft_weight: float = sections.rule(1.0, low=0)
+  # each group's prompt run once in the forward and backward instead of G times (models/prompt_groups.py): fewer
+  # positions where prompts are long against responses; needs model.attention 'reference' or 'blockwise'
+  share_prompts: bool = False
+  # share_prompts: the longest prompt's tokens (set from the task), the packed rows' prompt slots
+  longest_prompt: int = sections.rule(0, low=0, internal=True)
   # the sampler's temperature (set from the sampler section); policy log-probs use logits / temperature
   temperature: float = sections.rule(1.0, low=0, low_open=True, internal=True)
 
@@ -181,6 +186,8 @@ def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, wit
   the model applies in-layer on top of `params` (the frozen base)."""
   params, lora = jax.tree.map(lambda p: p.astype(model.config.jnp_dtype), (params, lora))  # master -> compute dtype
   B, G, T = batch["tokens"].shape
+  if config.share_prompts:
+    return _shared_prompt_logp(config, model, params, batch, with_entropy, lora)
   # Sequences, not prompts, over the data axes: a micro-batch of one prompt x G samples still
   # spreads over G devices. Per-prompt quantities (V*) are computed after the reshape back.
   flat = lambda x: parallel.constrain_where_divisible(x.reshape(B * G, T), ("batch", None))  # noqa: E731
@@ -190,6 +197,20 @@ def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, wit
                              temperature=config.temperature, with_entropy=with_entropy,
                              needed_BxT=flat(batch["response_mask"]) > 0, **({} if lora is None else {"lora": lora}))
   return jax.tree.map(lambda x: x.reshape(B, G, T), out)
+
+
+def _shared_prompt_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, with_entropy: bool, lora):
+  """_policy_logp with each group packed into one row, its prompt run once (models/prompt_groups.py)."""
+  B, G, T = batch["tokens"].shape
+  layout = prompt_groups.PromptGroups.for_batch(config.longest_prompt, G, T)
+  start_B = prompt_groups.first_response_position(batch["response_mask"])
+  packed = prompt_groups.pack(layout, start_B, batch["tokens"], batch["targets"], batch["response_mask"],
+                              batch["positions"])
+  tokens, targets, positions, keys, needed = (parallel.constrain_where_divisible(x, ("batch", None)) for x in packed)
+  out = model.token_logprobs(params, tokens, targets, positions, temperature=config.temperature,
+                             with_entropy=with_entropy, needed_BxT=needed, key_mask_BxT=keys, prompt_groups=layout,
+                             **({} if lora is None else {"lora": lora}))
+  return jax.tree.map(lambda x_BxL: prompt_groups.unpack(layout, start_B, x_BxL, T), out)
 
 
 def _loss_and_sums(config: TrainConfig, model: CausalLM, params, batch: Batch, lora=None,

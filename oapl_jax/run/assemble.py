@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from oapl_jax import checkpoint_files, checkpoints, evaluation, generations, objectives, parallel, reporting, run_dir, sections
-from oapl_jax.models import factory
+from oapl_jax.models import attention, factory
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl import loop, offline as offline_mode, preemption, trainer, warmstart, windows
 from oapl_jax.rl.buffer import RolloutBuffer, sequence_length
@@ -87,9 +87,10 @@ def build_model(rc: RunConfig, layout: parallel.Layout) -> tuple[CausalLM, Any]:
   return factory.build_model(rc.model, layout, rc.seed)
 
 
-def train_config(rc: RunConfig) -> trainer.TrainConfig:
-  """The trainer section with the sampler's temperature (policy log-probs use logits / temperature)."""
-  return dataclasses.replace(rc.trainer, temperature=rc.sampler.temperature)
+def train_config(rc: RunConfig, longest_prompt: int = 0) -> trainer.TrainConfig:
+  """The trainer section with the sampler's temperature (policy log-probs use logits / temperature) and, for
+  trainer.share_prompts, the task's longest prompt."""
+  return dataclasses.replace(rc.trainer, temperature=rc.sampler.temperature, longest_prompt=longest_prompt)
 
 
 def sampler_model(rc: RunConfig, model: CausalLM) -> CausalLM:
@@ -237,7 +238,7 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", rc.checkpoint.max_to_keep)
   reporter = reporting.Reporter(workdir, rc.loop.num_syncs * rc.loop.sync_every, switches(rc))
 
-  train_cfg = train_config(rc)
+  train_cfg = train_config(rc, longest_prompt(task))
   record = schema.to_mapping(rc)
   resuming = checkpointer.latest_step() is not None
   warm_resuming = not resuming and warm_start_saved(rc, workdir)
@@ -322,7 +323,13 @@ def online(rc: RunConfig, parts: RunParts) -> loop.Online:
   the loop section asks for (fixed L, delayed by one window, adaptive on drift) and the step hooks (the
   policy probe when eval.every_steps > 0, the old-policy scorer when the loss reads pi_old and a group can be
   trained after its params moved)."""
-  train_cfg, layout, schedule = train_config(rc), parts.placement.trainer, rc.loop.schedule()
+  layout, schedule = parts.placement.trainer, rc.loop.schedule()
+  train_cfg = train_config(rc, longest_prompt(parts.task))
+  if rc.trainer.share_prompts:
+    kernel = attention.resolve_implementation(rc.model.attention, layout.mesh.devices.flat[0].platform)
+    if kernel not in ("reference", "blockwise"):
+      raise ValueError(f"trainer.share_prompts runs attention by position: model.attention must be 'reference' or "
+                       f"'blockwise' (it resolves to {kernel!r} here)")
   buffer = RolloutBuffer(seq_len(rc, longest_prompt(parts.task)))
   batch_sharding = trainer.batch_sharding(layout, rc.loop.batch_prompts)
   hooks: list[windows.StepHook] = []

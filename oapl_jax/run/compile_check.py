@@ -323,7 +323,7 @@ def check(cfg, topology: str, *, seq_len: Optional[int] = None, mfu: float = 0.4
 
   if "train_step" in programs:
     def build_train_step():
-      train_cfg = assemble.train_config(cfg)
+      train_cfg = assemble.train_config(cfg, cfg.sampler.max_prefill_length)
       step = trainer.make_train_step(train_cfg, model, placement.trainer, cfg.loop.batch_prompts,
                                      assemble.loss_fn(cfg))
       return step, train_inputs(train_cfg, model, placement.trainer, loop.batch_prompts, loop.group_size, T)
