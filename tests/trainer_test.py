@@ -317,3 +317,12 @@ def test_prompts_shared_by_their_group_train_like_the_full_rows(loss, settings):
   for want, got in zip(metrics_full, metrics_shared):
     for name in ("loss", "grad_norm", "entropy", "tokens", "seq_log_ratio_abs_mean"):
       np.testing.assert_allclose(got[name], want[name], rtol=1e-4, err_msg=name)
+
+
+def test_shared_prompts_are_refused_where_the_step_is_made_without_a_kernel_reading_positions():
+  model, layout = api.for_config(CONFIG.replace(attention="splash")), parallel.Layout(_one_device_mesh())
+  shared = dataclasses.replace(TRAIN, share_prompts=True, longest_prompt=4)
+  with pytest.raises(ValueError, match="reads positions"):
+    trainer.make_train_step(shared, model, layout)
+  with pytest.raises(ValueError, match="longest prompt is unknown"):
+    trainer.make_score_fn(dataclasses.replace(shared, longest_prompt=0), api.for_config(CONFIG), layout)

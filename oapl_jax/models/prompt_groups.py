@@ -82,15 +82,21 @@ def unpack(layout: PromptGroups, start_B, x_BxL, seq_len: int):
   return jnp.where(inside_BxT[:, None, :], jnp.take_along_axis(samples_BxGxR, index, axis=2), 0)
 
 
+def require_position_kernel(implementation: str, platform=None) -> None:
+  """ValueError unless `implementation` resolves (on `platform`) to a kernel that reads positions: splash and cuDNN
+  apply the index's causal mask, which packed rows break."""
+  kernel = attention.resolve_implementation(implementation, platform)
+  if kernel not in ("reference", "blockwise"):
+    raise ValueError(f"trainer.share_prompts needs an attention kernel that reads positions: model.attention "
+                     f"'reference' or 'blockwise' (it resolves to {kernel!r} here)")
+
+
 def attend_grouped(layout: PromptGroups, q_BxLxHxD, k_BxLxKxD, v_BxLxKxD, positions_BxL, key_mask_BxL, **kernel):
   """attention.attend over packed rows: the prompt slots among themselves, each sample's slots over the prompt's
   keys and their own. One call: the prompt is segment 0 and the samples 1..G, each segment's queries over the
   prompt's keys then its own (segment 0's own keys masked, its queries see the prompt's); segments padded to
   max(P, R). Positions are read (not the index), so only the kernels that honour them apply."""
-  kernel_name = attention.resolve_implementation(kernel.get("implementation", "auto"), kernel.get("platform"))
-  if kernel_name not in ("reference", "blockwise"):
-    raise ValueError(f"a prompt shared by its group needs an attention kernel that reads positions (reference or "
-                     f"blockwise), not {kernel_name!r}: set model.attention")
+  require_position_kernel(kernel.get("implementation", "auto"), kernel.get("platform"))
   B, L, H, D = q_BxLxHxD.shape
   P, G, R = layout.prompt_slots, layout.group_size, layout.sample_slots
   if L != layout.length:

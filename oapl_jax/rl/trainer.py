@@ -199,6 +199,17 @@ def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, wit
   return jax.tree.map(lambda x: x.reshape(B, G, T), out)
 
 
+def _check_share_prompts(config: TrainConfig, model: CausalLM, layout: Layout) -> None:
+  """trainer.share_prompts' needs, refused where the step is made (before any batch): the longest prompt, an
+  attention kernel that reads positions."""
+  if not config.share_prompts:
+    return
+  if config.longest_prompt < 1:
+    raise ValueError("trainer.share_prompts: the longest prompt is unknown (TrainConfig.longest_prompt is set from "
+                     "the task: run/assemble.train_config)")
+  prompt_groups.require_position_kernel(model.config.attention, layout.mesh.devices.flat[0].platform)
+
+
 def _shared_prompt_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, with_entropy: bool, lora):
   """_policy_logp with each group packed into one row, its prompt run once (models/prompt_groups.py)."""
   B, G, T = batch["tokens"].shape
@@ -305,6 +316,7 @@ def make_train_step(config: TrainConfig, model: CausalLM, layout: Layout, num_pr
   response token), token_/seq_log_ratio_[abs_]mean (policy - sampler log-probs over response tokens /
   sequences). Losses' own metrics are means over micro-batches; the rest are exact.
   """
+  _check_share_prompts(config, model, layout)
   tx = make_optimizer(config.optim)
   schedule = make_schedule(config.optim)
   state_sh = state_shardings(config, model, layout)
@@ -351,6 +363,8 @@ def make_score_fn(config: TrainConfig, model: CausalLM, layout: Layout, num_prom
   Same temperature, compute dtype and micro-batching as the train step (for evaluation and for
   GRPO's old_policy_token_logp).
   """
+  _check_share_prompts(config, model, layout)
+
   def score_logprobs(params, batch: Batch):
     logp = functools.partial(_policy_logp, config, model, params, with_entropy=False)
     with layout.context():

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from oapl_jax import checkpoint_files, checkpoints, evaluation, generations, objectives, parallel, reporting, run_dir, sections
-from oapl_jax.models import attention, factory
+from oapl_jax.models import factory
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl import loop, offline as offline_mode, preemption, trainer, warmstart, windows
 from oapl_jax.rl.buffer import RolloutBuffer, sequence_length
@@ -325,11 +325,6 @@ def online(rc: RunConfig, parts: RunParts) -> loop.Online:
   trained after its params moved)."""
   layout, schedule = parts.placement.trainer, rc.loop.schedule()
   train_cfg = train_config(rc, longest_prompt(parts.task))
-  if rc.trainer.share_prompts:
-    kernel = attention.resolve_implementation(rc.model.attention, layout.mesh.devices.flat[0].platform)
-    if kernel not in ("reference", "blockwise"):
-      raise ValueError(f"trainer.share_prompts runs attention by position: model.attention must be 'reference' or "
-                       f"'blockwise' (it resolves to {kernel!r} here)")
   buffer = RolloutBuffer(seq_len(rc, longest_prompt(parts.task)))
   batch_sharding = trainer.batch_sharding(layout, rc.loop.batch_prompts)
   hooks: list[windows.StepHook] = []
