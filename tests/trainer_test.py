@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from oapl_jax import objectives, sections, parallel
 from oapl_jax.models import api, decoder
+from oapl_jax.models.lora import LoraSettings
 from oapl_jax.models.qwen.config import QwenConfig
 from benchmarks import train_bench
 from oapl_jax.rl import trainer
@@ -304,12 +305,14 @@ def _shared_prompt_batch(B, G, T, seed, prompt_len=4):
 
 
 @pytest.mark.devices(8)
-@pytest.mark.parametrize("loss, settings", [("oapl", TRAIN.loss_settings), ("grpo", objectives.GRPOSettings())])
-def test_prompts_shared_by_their_group_train_like_the_full_rows(loss, settings):
+@pytest.mark.parametrize("loss, settings, rank", [("oapl", TRAIN.loss_settings, 0),
+                                                  ("grpo", objectives.GRPOSettings(), 0),
+                                                  ("oapl", TRAIN.loss_settings, 4)])
+def test_prompts_shared_by_their_group_train_like_the_full_rows(loss, settings, rank):
   """trainer.share_prompts (each group packed into one row, its prompt run once) on 8 devices with 2
-  micro-batches: the same losses, metrics and params as the full rows on one device."""
+  micro-batches: the same losses, metrics and params (or LoRA adapters) as the full rows on one device."""
   batches = [_shared_prompt_batch(4, 4, 12, seed=s) for s in (1, 2)]
-  full = dataclasses.replace(TRAIN, loss=loss, loss_settings=settings)
+  full = dataclasses.replace(TRAIN, loss=loss, loss_settings=settings, lora=LoraSettings(rank=rank, alpha=8.0))
   shared = dataclasses.replace(full, share_prompts=True, longest_prompt=4, micro_batches=2)
   state_full, metrics_full = _run(full, CONFIG, _params(), _one_device_mesh(), batches)
   state_shared, metrics_shared = _run(shared, CONFIG, _params(), parallel.make_mesh((1, 4, 2)), batches)
