@@ -235,13 +235,21 @@ def test_top_k_top_p_sample_allowed_set_with_renormalised_logp(model, sampler, t
                                    temperature=T, top_p=top_p, top_k=top_k)
   pairs = [(p, g) for p in range(3) for g in range(4)]
   all_logits = np.asarray(_ref_logits(params, config, _padded([_sequences(groups, p, g) for p, g in pairs])))
+  checked = 0
   for i, (p, g) in enumerate(pairs):
     start = groups.prompt_lengths[p] - 1
     for t in range(groups.lengths[p, g]):
       ref = _numpy_filtered_logp(all_logits[i, start + t], T, top_p, top_k)
       token = groups.response_tokens[p, g, t]
       assert np.isfinite(ref[token]), f"token {token} outside the top-k/top-p set"
-      np.testing.assert_allclose(groups.sampler_logp[p, g, t], ref[token], atol=1e-4)
+      # A nucleus whose edge lies within float noise of top_p (the sampler's float32 logits and cumulative sum
+      # against this float64 reference) may hold one token more or less there: its normaliser is not compared.
+      edges = [np.isfinite(_numpy_filtered_logp(all_logits[i, start + t], T, q, top_k)).sum()
+               for q in (top_p - 1e-4, min(top_p + 1e-4, 1.0))]
+      if edges[0] == edges[1]:
+        np.testing.assert_allclose(groups.sampler_logp[p, g, t], ref[token], atol=1e-4)
+        checked += 1
+  assert checked >= 48  # of the 12 samples' ~70 tokens, nearly all (4 or fewer sit on an edge here)
 
 
 def test_plain_sampling_matches_model_distribution_chisquare(model):
