@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import zlib
 from typing import Any, Callable
 
@@ -236,16 +237,20 @@ def plain_read_error(e: BaseException) -> str:
 
 class _AbandonedReads(logging.Filter):
   """A failed orbax read abandons its sibling read coroutines; one finalized after `read_arrays` has
-  collected them makes asyncio log "Task exception was never retrieved" with a TensorStore traceback.
-  Which coroutine is finalized varies (`async_deserialize`, `_read_array_index_and_device_put`, ...), but
-  each is defined in orbax's serialization module. That failure is already reported as a
-  DamagedCheckpoint: drop the duplicate, and only that."""
+  collected them makes asyncio log "Task (or _GatheringFuture) exception was never retrieved" with a TensorStore
+  traceback. Which coroutine is finalized varies (`async_deserialize`, `_read_array_index_and_device_put`, ...),
+  but each is defined in orbax's serialization module (named in the message or in the logged traceback). That
+  failure is already reported as a DamagedCheckpoint: drop the duplicate, and only that."""
 
+  _NEVER_RETRIEVED = re.compile(r"(Task|_GatheringFuture) exception was never retrieved")
   _ORBAX_READ = re.compile(r"coro=<(async_deserialize|_read_\w+)\(\)|orbax/checkpoint/_src/serialization/")
 
   def filter(self, record):
     message = record.getMessage()
-    return not (message.startswith("Task exception was never retrieved") and self._ORBAX_READ.search(message))
+    if not self._NEVER_RETRIEVED.match(message):
+      return True
+    logged = message + ("".join(traceback.format_exception(*record.exc_info)) if record.exc_info else "")
+    return not self._ORBAX_READ.search(logged)
 
 
 logging.getLogger("asyncio").addFilter(_AbandonedReads())
