@@ -213,15 +213,15 @@ def _check_share_prompts(config: TrainConfig, model: CausalLM, layout: Layout) -
 def _shared_prompt_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, with_entropy: bool, lora):
   """_policy_logp with each group packed into one row, its prompt run once (models/prompt_groups.py)."""
   B, G, T = batch["tokens"].shape
-  layout = prompt_groups.PromptGroups.for_batch(config.longest_prompt, G, T)
+  groups = prompt_groups.PromptGroups.for_batch(config.longest_prompt, G, T)
   start_B = prompt_groups.first_response_position(batch["response_mask"])
-  packed = prompt_groups.pack(layout, start_B, batch["tokens"], batch["targets"], batch["response_mask"],
+  packed = prompt_groups.pack(groups, start_B, batch["tokens"], batch["targets"], batch["response_mask"],
                               batch["positions"])
   tokens, targets, positions, keys, needed = (parallel.constrain_where_divisible(x, ("batch", None)) for x in packed)
   out = model.token_logprobs(params, tokens, targets, positions, temperature=config.temperature,
-                             with_entropy=with_entropy, needed_BxT=needed, key_mask_BxT=keys, prompt_groups=layout,
+                             with_entropy=with_entropy, needed_BxT=needed, key_mask_BxT=keys, prompt_groups=groups,
                              **({} if lora is None else {"lora": lora}))
-  return jax.tree.map(lambda x_BxL: prompt_groups.unpack(layout, start_B, x_BxL, T), out)
+  return jax.tree.map(lambda x_BxL: prompt_groups.unpack(groups, start_B, x_BxL, T), out)
 
 
 def _loss_and_sums(config: TrainConfig, model: CausalLM, params, batch: Batch, lora=None,
