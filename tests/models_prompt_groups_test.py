@@ -42,7 +42,7 @@ def _both(config, tokens, targets, mask, w, u):
     return jax.tree.map(lambda x: x.reshape(B, G, T), out)
 
   def packed(params):
-    start = first_response_position(mask)
+    start = first_response_position(layout, mask)
     tok, tgt, pos, keys, needed = pack(layout, start, tokens, targets, mask)
     out = decoder.token_logprobs(params, config, tok, tgt, pos, key_mask_BxS=keys, with_entropy=True,
                                  needed_BxT=needed, prompt_groups=layout)
@@ -89,7 +89,7 @@ def test_kernels_that_ignore_positions_are_refused():
   params = nn.unbox(decoder.init_params(config, jax.random.PRNGKey(0)))
   tokens, targets, mask = _batch(2, 2, config.vocab_size)
   layout = PromptGroups.for_batch(LONGEST, 2, tokens.shape[-1])
-  tok, tgt, pos, keys, needed = pack(layout, first_response_position(mask), tokens, targets, mask)
+  tok, tgt, pos, keys, needed = pack(layout, first_response_position(layout, mask), tokens, targets, mask)
   with pytest.raises(ValueError, match="reads positions"):
     decoder.token_logprobs(params, config, tok, tgt, pos, key_mask_BxS=keys, needed_BxT=needed,
                            prompt_groups=layout)

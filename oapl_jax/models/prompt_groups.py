@@ -44,20 +44,20 @@ class PromptGroups:
     return self.prompt_slots + self.group_size * self.sample_slots
 
 
-def first_response_position(response_mask_BxGxT) -> jax.Array:
-  """[B]: p - 1, the first position whose target is a response token in any of the group's rows (0 if none)."""
-  return jnp.argmax(jnp.any(response_mask_BxGxT > 0, axis=1), axis=-1).astype(jnp.int32)
+def first_response_position(layout: PromptGroups, response_mask_BxGxT) -> jax.Array:
+  """[B]: p - 1, the first position whose target is a response token in any of the group's rows (0 if none),
+  at most the layout's P (prompts no longer than the layout's are at most that); `pack` and `unpack` take it."""
+  first_B = jnp.argmax(jnp.any(response_mask_BxGxT > 0, axis=1), axis=-1).astype(jnp.int32)
+  return jnp.minimum(first_B, layout.prompt_slots)
 
 
 def pack(layout: PromptGroups, start_B, tokens_BxGxT, targets_BxGxT, needed_BxGxT, positions_BxGxT=None):
   """-> (tokens, targets, positions, key_mask, needed), each [B, layout.length]; `start_B` is
-  first_response_position of the batch (at most P: prompts no longer than the layout's); positions default to
-  the index."""
+  first_response_position of the batch; positions default to the index."""
   B, G, T = tokens_BxGxT.shape
   P, R = layout.prompt_slots, layout.sample_slots
   if (G, P + R) != (layout.group_size, T):
     raise ValueError(f"a [B, {G}, {T}] batch does not pack as {layout}")
-  start_B = jnp.minimum(start_B, P)
   slots_BxR = start_B[:, None] + jnp.arange(R)[None, :]  # <= T - 1
   take = lambda x_BxGxT: jnp.take_along_axis(x_BxGxT, jnp.broadcast_to(slots_BxR[:, None, :], (B, G, R)),
                                              axis=2).reshape(B, G * R)  # noqa: E731
@@ -76,7 +76,7 @@ def unpack(layout: PromptGroups, start_B, x_BxL, seq_len: int):
   B = x_BxL.shape[0]
   P, G, R = layout.prompt_slots, layout.group_size, layout.sample_slots
   samples_BxGxR = x_BxL[:, P:].reshape(B, G, R)
-  offset_BxT = jnp.arange(seq_len)[None, :] - jnp.minimum(start_B, P)[:, None]
+  offset_BxT = jnp.arange(seq_len)[None, :] - start_B[:, None]
   inside_BxT = (offset_BxT >= 0) & (offset_BxT < R)
   index = jnp.broadcast_to(jnp.clip(offset_BxT, 0, R - 1)[:, None, :], (B, G, seq_len))
   return jnp.where(inside_BxT[:, None, :], jnp.take_along_axis(samples_BxGxR, index, axis=2), 0)

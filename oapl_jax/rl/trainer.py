@@ -207,14 +207,14 @@ def _check_share_prompts(config: TrainConfig, model: CausalLM, layout: Layout) -
   if config.longest_prompt < 1:
     raise ValueError("trainer.share_prompts: the longest prompt is unknown (TrainConfig.longest_prompt is set from "
                      "the task: run/assemble.train_config)")
-  prompt_groups.require_position_kernel(model.config.attention, layout.mesh.devices.flat[0].platform)
+  prompt_groups.require_position_kernel(model.config.attention, layout.platform)
 
 
 def _shared_prompt_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, with_entropy: bool, lora):
   """_policy_logp with each group packed into one row, its prompt run once (models/prompt_groups.py)."""
   B, G, T = batch["tokens"].shape
   groups = prompt_groups.PromptGroups.for_batch(config.longest_prompt, G, T)
-  start_B = prompt_groups.first_response_position(batch["response_mask"])
+  start_B = prompt_groups.first_response_position(groups, batch["response_mask"])
   packed = prompt_groups.pack(groups, start_B, batch["tokens"], batch["targets"], batch["response_mask"],
                               batch["positions"])
   tokens, targets, positions, keys, needed = (parallel.constrain_where_divisible(x, ("batch", None)) for x in packed)

@@ -234,11 +234,12 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   task = build_task(rc)
   rollout_settings, eval_settings = sampling(rc, task)
   model, params = build_model(rc, layouts.trainer)
-  seq = seq_len(rc, longest_prompt(task))
+  longest = longest_prompt(task)
+  seq = seq_len(rc, longest)
   checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", rc.checkpoint.max_to_keep)
   reporter = reporting.Reporter(workdir, rc.loop.num_syncs * rc.loop.sync_every, switches(rc))
 
-  train_cfg = train_config(rc, longest_prompt(task))
+  train_cfg = train_config(rc, longest)
   record = schema.to_mapping(rc)
   resuming = checkpointer.latest_step() is not None
   warm_resuming = not resuming and warm_start_saved(rc, workdir)
@@ -323,9 +324,9 @@ def online(rc: RunConfig, parts: RunParts) -> loop.Online:
   the loop section asks for (fixed L, delayed by one window, adaptive on drift) and the step hooks (the
   policy probe when eval.every_steps > 0, the old-policy scorer when the loss reads pi_old and a group can be
   trained after its params moved)."""
-  layout, schedule = parts.placement.trainer, rc.loop.schedule()
-  train_cfg = train_config(rc, longest_prompt(parts.task))
-  buffer = RolloutBuffer(seq_len(rc, longest_prompt(parts.task)))
+  layout, schedule, longest = parts.placement.trainer, rc.loop.schedule(), longest_prompt(parts.task)
+  train_cfg = train_config(rc, longest)
+  buffer = RolloutBuffer(seq_len(rc, longest))
   batch_sharding = trainer.batch_sharding(layout, rc.loop.batch_prompts)
   hooks: list[windows.StepHook] = []
   if parts.policy_eval is not None:
