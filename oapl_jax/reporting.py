@@ -1,13 +1,11 @@
-"""Metrics out of a run: clu writers (TensorBoard + console), progress with ETA, a JSONL history,
-and at the end a PNG learning curve and a short summary. Only process 0 writes files."""
+"""Metrics out of a run: TensorBoard events (event_writers: clu's, or tensorboard's own), progress with ETA, a
+JSONL history, and at the end a PNG learning curve and a short summary. Only process 0 writes files."""
 import contextlib
 import errno
 import json
 import logging
 import os
-import re
 import sys
-import tempfile
 import threading
 import time
 from typing import Mapping, Optional
@@ -15,7 +13,7 @@ from typing import Mapping, Optional
 import jax
 import numpy as np
 
-from oapl_jax import run_dir
+from oapl_jax import event_writers, run_dir
 
 
 class MetricsUnwritable(RuntimeError):
@@ -47,101 +45,6 @@ def _append_whole_line(path: str, line: str) -> None:
       raise
   finally:
     os.close(fd)
-
-
-class _NoEvents:
-  """Stands in for the events writers where neither can import: metrics.jsonl is still written."""
-
-  def write_scalars(self, step, scalars):
-    pass
-
-  def write_texts(self, step, texts):
-    pass
-
-  def flush(self):
-    pass
-
-  def close(self):
-    pass
-
-
-# What TensorFlow's C++ prints at import on any host, INFO through absl before absl::InitializeLog (which no
-# environment variable silences): "WARNING: All log messages before absl::InitializeLog() ...", then
-# "I0000 00:00:... port.cc] oneDNN custom operations are on ..." and "cudart_stub.cc] Could not find cuda ...".
-_IMPORT_BANNER = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\)|I\d{4} \S+ +\d+ \S+:\d+\] ")
-
-
-@contextlib.contextmanager
-def native_banners_dropped():
-  """Holds what is written to file descriptor 2 (C++ and Python alike) until the block ends, then writes it
-  back without TensorFlow's import banner (_IMPORT_BANNER lines); warnings and errors pass."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as held:
-    os.dup2(held.fileno(), 2)
-    try:
-      yield
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      held.seek(0)
-      lines = held.read().decode(errors="replace").splitlines(keepends=True)
-      sys.stderr.write("".join(line for line in lines if not _IMPORT_BANNER.match(line)))
-      sys.stderr.flush()
-
-
-class _TensorBoardEvents:
-  """Scalars and texts as TensorBoard events through the tensorboard package's own event writer, pure Python: the
-  writer where clu's cannot import (they import tensorflow, which a GPU image may lack)."""
-
-  def __init__(self, workdir: str):
-    # pylint: disable=import-outside-toplevel
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
-    from tensorboard.plugins.text import metadata as text_metadata
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
-    self._event, self._summary, self._tensor, self._types, self._text = (event_pb2, summary_pb2, tensor_pb2,
-                                                                         types_pb2, text_metadata)
-    self._writer = EventFileWriter(workdir)
-
-  def _add(self, step, values):
-    self._writer.add_event(self._event.Event(wall_time=time.time(), step=int(step),
-                                             summary=self._summary.Summary(value=values)))
-
-  def write_scalars(self, step, scalars):
-    self._add(step, [self._summary.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()])
-
-  def write_texts(self, step, texts):
-    as_text = lambda v: self._tensor.TensorProto(dtype=self._types.DT_STRING, string_val=[v.encode()])  # noqa: E731
-    self._add(step, [self._summary.Summary.Value(tag=k, metadata=self._text.create_summary_metadata(k, ""),
-                                                 tensor=as_text(v)) for k, v in texts.items()])
-
-  def flush(self):
-    self._writer.flush()
-
-  def close(self):
-    self._writer.close()
-
-
-def _events_writer(workdir: Optional[str]):
-  """clu's TensorBoard writer for `workdir` (None: one that writes nothing). clu's metric_writers
-  import tensorflow (its banner dropped); on a host without it (a GPU image, say) the tensorboard package's own
-  writer takes the events, and without that too the run goes on with metrics.jsonl only."""
-  try:
-    with native_banners_dropped():
-      from clu import metric_writers
-  except ImportError as err:
-    if not workdir:
-      return _NoEvents()
-    try:
-      writer = _TensorBoardEvents(workdir)
-    except ImportError as second:
-      logging.warning("no TensorBoard events (clu's writers failed to import: %s; tensorboard's: %s); "
-                      "metrics.jsonl is written", err, second)
-      return _NoEvents()
-    logging.warning("clu's writers failed to import (%s): TensorBoard events through tensorboard's own writer", err)
-    return writer
-  return metric_writers.SummaryWriter(workdir) if workdir else metric_writers.MultiWriter([])
 
 
 class PhaseClock:
@@ -245,13 +148,15 @@ class Reporter:
   earlier-attempt-N/ at the first write, so no step is logged twice.
   """
 
-  def __init__(self, workdir: str, total_steps: int, switches: Optional[Mapping[str, str]] = None):
+  def __init__(self, workdir: str, total_steps: int, switches: Optional[Mapping[str, str]] = None,
+               events: str = "clu"):
     self.workdir = os.path.abspath(workdir)
     self.is_main = jax.process_index() == 0
     os.makedirs(self.workdir, exist_ok=True)
     self.history_path = os.path.join(self.workdir, "metrics.jsonl")
     self._earlier_attempt = self._logs() if self.is_main else []  # before the writer adds its events file
-    self.writer = _events_writer(self.workdir if self.is_main else None)
+    self.events = events
+    self.writer = event_writers.open_writer(self.workdir if self.is_main else None, events)
     self._total = total_steps
     self.switches = dict(switches or {})  # summary.md's settings in use, from the typed config (run/assemble)
     self._start = time.perf_counter()
@@ -279,7 +184,7 @@ class Reporter:
     for name in os.listdir(self.workdir):
       if name.startswith("events.out.tfevents"):
         os.remove(os.path.join(self.workdir, name))
-    self.writer = _events_writer(self.workdir)
+    self.writer = event_writers.open_writer(self.workdir, self.events)
     for h in kept:
       self.writer.write_scalars(h["step"], {k: v for k, v in h.items() if k != "step"})
 
@@ -350,7 +255,7 @@ class Reporter:
     """Writes learning_curve.png and summary.{json,md} (headed `title`; the md adds the wall time, the switches
     in use and the run's config.yaml); returns their paths (tensorboard: None where no events were written)."""
     self.writer.flush()
-    paths = {"tensorboard": None if isinstance(self.writer, _NoEvents) else self.workdir,
+    paths = {"tensorboard": None if isinstance(self.writer, event_writers.NoEvents) else self.workdir,
              "curve": os.path.join(self.workdir, "learning_curve.png"),
              "summary": os.path.join(self.workdir, "summary.md")}
     if not self.is_main:

@@ -1,6 +1,6 @@
 """What a command prints: no C++ import banners, no progress-bar frames in a pipe or a file, one line for Ctrl-C,
 a failed save or a busy workdir, and import paths that resolve from the current directory under the installed
-commands (apps/cli.py, reporting.py)."""
+commands (apps/cli.py, reporting.py, event_writers.py)."""
 import importlib
 import os
 import subprocess
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from oapl_jax import checkpoints, reporting, run_dir
+from oapl_jax import checkpoints, event_writers, reporting, run_dir
 from oapl_jax.apps import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,14 +24,14 @@ TF_BANNER = (
 
 def test_the_import_banner_is_dropped_and_errors_pass(capfd):
   error = "E0000 00:00:1795772794.3 4529 cuda_executor.cc:1] failed call to cuInit: UNKNOWN ERROR (303)\n"
-  with reporting.native_banners_dropped():
+  with event_writers.native_banners_dropped():
     os.write(2, (TF_BANNER + error + "a warning\n").encode())  # as C++ writes: the file descriptor, past sys.stderr
   assert capfd.readouterr().err == error + "a warning\n"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="clu's writers import tensorflow")
 def test_tensorboard_writer_imports_tensorflow_without_its_banner():
-  code = "from oapl_jax import reporting; reporting._events_writer(None)"
+  code = "from oapl_jax import event_writers; event_writers.open_writer(None)"
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                         env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
   assert done.returncode == 0, done.stderr

@@ -42,7 +42,7 @@ def test_without_clus_writers_tensorboards_own_writes_the_events(tmp_path, monke
 
 def test_without_any_events_writer_the_history_is_still_written(tmp_path, monkeypatch, caplog):
   _without_clus_writers(monkeypatch)
-  monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
+  monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.record_writer", None)
   with caplog.at_level(logging.WARNING):
     reporter = reporting.Reporter(str(tmp_path), total_steps=2)
     reporter.scalars(1, {"loss": 0.5})
@@ -63,6 +63,42 @@ def test_with_clus_writers_events_are_written(tmp_path):
   reporter.close()
   assert paths["tensorboard"] == str(tmp_path)
   assert [n for n in os.listdir(tmp_path) if n.startswith("events.out.tfevents")]
+
+
+TENSORBOARDS_OWN = """
+import sys
+from oapl_jax import reporting
+reporter = reporting.Reporter(sys.argv[1], total_steps=3, events="tensorboard")
+for step in (1, 2, 3):
+  reporter.scalars(step, {"loss": 1 / step})
+reporter.close()
+resumed = reporting.Reporter(sys.argv[1], total_steps=3, events="tensorboard")
+resumed.resume_from(3)  # steps 1 and 2 kept: the events are rebuilt from metrics.jsonl by the same writer
+resumed.texts(2, {"generations": "| a |"})
+resumed.finish({"trainer_steps": 2})
+resumed.close()
+print(type(resumed.writer).__name__, "tensorflow" in sys.modules)
+"""
+
+
+def test_report_events_tensorboard_writes_the_same_events_without_tensorflow(tmp_path):
+  """report.events='tensorboard': scalars and texts reach TensorBoard's own loader, a resume rebuilds them with the
+  same writer, and the process never imports tensorflow (clu's writer does)."""
+  from tensorboard.backend.event_processing import event_accumulator
+
+  from oapl_jax.run import schema
+  done = subprocess.run([sys.executable, "-c", TENSORBOARDS_OWN, str(tmp_path)], cwd=REPO, capture_output=True,
+                        text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.split() == ["TensorBoardEvents", "False"]
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert [(e.step, e.value) for e in events.Scalars("loss")] == [(1, 1.0), (2, 0.5)]
+  assert events.Tensors("generations")[0].tensor_proto.string_val == [b"| a |"]
+  cfg = schema.defaults()
+  cfg.report.events = "tf"
+  with pytest.raises(Exception, match="report.events"):
+    schema.from_config({**cfg.to_dict(), "task": {"name": "arithmetic"}})
 
 
 def test_summary_says_the_wall_time_the_switches_and_the_config(tmp_path):
@@ -123,7 +159,7 @@ def test_a_resume_that_cannot_rewrite_the_metrics_file_names_it(tmp_path):
 CUT_SHORT = """
 import json, resource, sys
 sys.modules["clu.metric_writers"] = None  # no TensorBoard events: metrics.jsonl is the only file that grows
-sys.modules["tensorboard.summary.writer.event_file_writer"] = None
+sys.modules["tensorboard.summary.writer.record_writer"] = None
 from oapl_jax import reporting
 reporter = reporting.Reporter(sys.argv[1], total_steps=1000)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # a full disk at 1000 bytes, mid-line

@@ -237,7 +237,7 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   longest = longest_prompt(task)
   seq = seq_len(rc, longest)
   checkpointer = checkpoints.Checkpointer(f"{workdir}/checkpoints", rc.checkpoint.max_to_keep)
-  reporter = reporting.Reporter(workdir, rc.loop.num_syncs * rc.loop.sync_every, switches(rc))
+  reporter = reporting.Reporter(workdir, rc.loop.num_syncs * rc.loop.sync_every, switches(rc), rc.report.events)
 
   train_cfg = train_config(rc, longest)
   record = schema.to_mapping(rc)

@@ -9,7 +9,7 @@ Section owners: model -> models/factory.ModelSpec (architecture source + models/
 task -> tasks/factory (each task's own settings, by name), warmstart -> rl/warmstart, trainer ->
 rl/trainer (its loss's settings: objectives/), sampler -> sampler/settings, loop -> rl/schedule,
 eval -> evaluation, checkpoint -> checkpoints, validation -> tasks/problem_checks, monitors ->
-rl/monitors, mesh -> parallel, offline (optional) -> rl/offline.
+rl/monitors, mesh -> parallel, report -> event_writers, offline (optional) -> rl/offline.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ml_collections import ConfigDict
 
 from oapl_jax import run_dir, sections
 from oapl_jax.checkpoints import CheckpointConfig
+from oapl_jax.event_writers import ReportConfig
 from oapl_jax.evaluation import EvalConfig
 from oapl_jax.models.factory import ModelSpec
 from oapl_jax.parallel import MeshConfig
@@ -55,6 +56,7 @@ class RunConfig:
   validation: ValidationConfig = ValidationConfig()
   monitors: MonitorConfig = MonitorConfig()
   mesh: MeshConfig = MeshConfig()
+  report: ReportConfig = ReportConfig()
   offline: Optional[OfflineConfig] = None  # the two-stage offline mode (rl/offline.py), when present
 
   @property
