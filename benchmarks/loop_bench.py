@@ -48,6 +48,8 @@ SIDES = {  # name: loop overrides of configs/arithmetic.py (B = 16, G = 8; 120 s
     "oapl_L40": ["--config.loop.sync_every=40"],
     # OAPL at its smallest lag, in Tunix's regime: a fresh rollout of each step's 16 prompts, trained once
     "oapl_L1": ON_ARRIVAL,
+    # the same, at L = 2: a window's second chunk is sampled while its first trains (2026-11-30 on)
+    "oapl_L2": [*ON_ARRIVAL[1:], "--config.loop.sync_every=2"],
     "grpo_obo": ["--config.trainer.loss=grpo", "--config.loop.sync_every=2",  # experiments/plan.py's shape
                  "--config.loop.steps_per_rollout=2", "--config.loop.prompts_per_rollout=32",  # off_by_one
                  "--config.loop.sampler_delay_windows=1"],

@@ -44,7 +44,7 @@ def get_config(arg: str = "") -> ConfigDict:
   # a group's 8 rows share a prompt of up to 7 tokens: packed, a group is 62 positions instead of 104; in the loop a
   # step computes in ~24 ms instead of ~40 and compiles ~0.3 s longer (docs/benchmarks.md, "Each group's prompt")
   c.trainer.share_prompts = True
-  # clu's TensorBoard writer spends ~0.11 ms a scalar in TensorFlow ops, ~4 ms of this loop's ~45 ms step, and 2.4 s
+  # clu's TensorBoard writer spends ~0.11 ms a scalar in TensorFlow ops, ~4 ms of this loop's ~60 ms step, and 2.4 s
   # importing TensorFlow: the same events files are written by tensorboard's protos here (event_writers.py)
   c.report.events = "tensorboard"
 

@@ -6,7 +6,7 @@
 
 Both write the same events files, read by the same TensorBoard. clu's writes each scalar as an eager TensorFlow op,
 ~0.11 ms a scalar on a 2-core AMD EPYC (2.85 ms for 25, against 0.07 ms here), and importing it takes 2.4 s: nothing
-beside a step of seconds, but ~4 ms of a CPU demo's ~45 ms step (docs/benchmarks.md, "The events writer").
+beside a step of seconds, but ~4 ms of a CPU demo's ~60 ms step (docs/benchmarks.md, "The events writer").
 """
 import contextlib
 import dataclasses
