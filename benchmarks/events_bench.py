@@ -48,7 +48,8 @@ def main(argv=None):
           f"imported: {r['tensorflow_imported']}")
   clu, ours = rows["clu"], rows["tensorboard"]
   print(f"clu / tensorboard: {clu['write_ms'] / ours['write_ms']:.0f}x a write (median), "
-        f"{clu['mean_write_ms'] / ours['mean_write_ms']:.0f}x (mean), {clu['open_s'] - ours['open_s']:.1f} s more to open")
+        f"{clu['mean_write_ms'] / ours['mean_write_ms']:.0f}x (mean), "
+        f"{clu['open_s'] - ours['open_s']:.1f} s more to open")
 
 
 if __name__ == "__main__":
