@@ -37,7 +37,8 @@ from ml_collections import ConfigDict
 CONFIG_JSON = "config.json"
 CONFIG_YAML = "config.yaml"
 # May differ between the first start and a resume without counting as a change of experiment.
-RESUME_IGNORED: frozenset = frozenset({"eval.save_prompts"})  # how many generations are kept on disk
+# How many generations are kept on disk; which writer takes the TensorBoard events (a resume rebuilds them).
+RESUME_IGNORED: frozenset = frozenset({"eval.save_prompts", "report.events"})
 _ABSENT = "<absent>"
 PRESET_UNUSED = "(unused: model.checkpoint names the model)"
 

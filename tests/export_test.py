@@ -231,6 +231,11 @@ def test_run_dir_records_the_config_and_refuses_a_changed_resume(tmp_path):
   # The same config (tuples and lists alike) and an operational field: no difference.
   same = arithmetic.get_config("smoke")
   assert run_dir.check_resume(workdir, same) == []
+  older = str(tmp_path / "older")  # recorded before the report section: resumed with either events writer
+  run_dir.record_config(older, {k: v for k, v in recorded.items() if k != "report"})
+  same.report.events = "tensorboard"
+  assert run_dir.check_resume(older, same, defaults=schema.defaults().to_dict()) == []
+  assert run_dir.check_resume(workdir, same) == []
   changed = arithmetic.get_config("smoke")
   changed.loop.sync_every = 4
   changed.mesh.trainer_ici = (1, 1, -1)
