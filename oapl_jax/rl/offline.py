@@ -116,8 +116,7 @@ def stage_train_config(config: trainer.TrainConfig, steps: int, temperature: flo
 class Offline(RunParts):
   """An offline run: the parts and what its stages read (built by run/assemble.offline); no buffer, train step
   or scorer: each stage makes its own step for its own schedule."""
-  config: OfflineConfig
-  train_config: trainer.TrainConfig  # the trainer section (each stage sets its schedule and temperature)
+  config: OfflineConfig  # (each stage sets train_config's schedule, temperature and longest prompt)
   seed: int
   batch_prompts: int  # B: groups per trainer step
   group_size: int  # G: responses generated per prompt

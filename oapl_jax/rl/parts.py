@@ -19,7 +19,7 @@ from oapl_jax import checkpoint_files, checkpoints, parallel, reporting
 from oapl_jax.models.api import CausalLM
 from oapl_jax.rl.monitors import HealthMonitor
 from oapl_jax.rl.policy_eval import PolicyEval
-from oapl_jax.rl.trainer import Params, TrainState
+from oapl_jax.rl.trainer import Params, TrainConfig, TrainState
 from oapl_jax.sampler import api as sampler_api
 from oapl_jax.sampler.settings import SamplingSettings
 from oapl_jax.tasks.base import Task
@@ -43,6 +43,7 @@ class RunParts:
   task: Task
   model: CausalLM
   policy_params: PolicyParams
+  train_config: TrainConfig  # the trainer section as the run uses it (assemble.train_config: temperature, prompt)
   state: Optional[TrainState]  # None only while offline mode swaps its optimizer state
   meta: checkpoint_files.Meta
   sampler: sampler_api.GroupSampler

@@ -185,9 +185,9 @@ def _policy_logp(config: TrainConfig, model: CausalLM, params, batch: Batch, wit
   """Policy per-token log-probs [B,G,T] (and entropies) at the sampler's temperature; `lora`: scaled adapters
   the model applies in-layer on top of `params` (the frozen base)."""
   params, lora = jax.tree.map(lambda p: p.astype(model.config.jnp_dtype), (params, lora))  # master -> compute dtype
-  B, G, T = batch["tokens"].shape
   if config.share_prompts:
     return _shared_prompt_logp(config, model, params, batch, with_entropy, lora)
+  B, G, T = batch["tokens"].shape
   # Sequences, not prompts, over the data axes: a micro-batch of one prompt x G samples still
   # spreads over G devices. Per-prompt quantities (V*) are computed after the reshape back.
   flat = lambda x: parallel.constrain_where_divisible(x.reshape(B * G, T), ("batch", None))  # noqa: E731

@@ -274,7 +274,7 @@ def _parts(rc: RunConfig, workdir: str, allow_config_changes: bool, lock: Option
   sampler = build_sampler(rc, model, layouts.sampler, snapshot_version=meta.snapshot_version)
   sink = generations.Sink(workdir, reporter.texts)
   evaluate_params = functools.partial(evaluate, rc, task, sampler, settings=eval_settings, sink=sink)
-  return RunParts(placement=layouts, task=task, model=model,
+  return RunParts(placement=layouts, task=task, model=model, train_config=train_cfg,
                   policy_params=trainer.make_policy_params(train_cfg, model, layouts.trainer), state=state, meta=meta,
                   sampler=sampler, rollout_settings=rollout_settings, eval_settings=eval_settings,
                   checkpointer=checkpointer, reporter=reporter, monitor=HealthMonitor(rc.monitors),
@@ -324,9 +324,8 @@ def online(rc: RunConfig, parts: RunParts) -> loop.Online:
   the loop section asks for (fixed L, delayed by one window, adaptive on drift) and the step hooks (the
   policy probe when eval.every_steps > 0, the old-policy scorer when the loss reads pi_old and a group can be
   trained after its params moved)."""
-  layout, schedule, longest = parts.placement.trainer, rc.loop.schedule(), longest_prompt(parts.task)
-  train_cfg = train_config(rc, longest)
-  buffer = RolloutBuffer(seq_len(rc, longest))
+  layout, schedule, train_cfg = parts.placement.trainer, rc.loop.schedule(), parts.train_config
+  buffer = RolloutBuffer(seq_len(rc, train_cfg.longest_prompt))
   batch_sharding = trainer.batch_sharding(layout, rc.loop.batch_prompts)
   hooks: list[windows.StepHook] = []
   if parts.policy_eval is not None:
@@ -350,7 +349,7 @@ def online(rc: RunConfig, parts: RunParts) -> loop.Online:
 
 def offline(rc: RunConfig, parts: RunParts) -> offline_mode.Offline:
   """The offline driver (rl/offline.py): the parts and the stages' settings; no buffer, train step or scorer."""
-  return offline_mode.Offline(**_shared(parts), config=rc.offline, train_config=rc.trainer, seed=rc.seed,
+  return offline_mode.Offline(**_shared(parts), config=rc.offline, seed=rc.seed,
                          batch_prompts=rc.loop.batch_prompts, group_size=rc.loop.group_size)
 
 
